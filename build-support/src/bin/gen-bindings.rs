@@ -1,0 +1,397 @@
+//! Regenerates `cuda-sys/src/generated/` from the CUDA runtime headers.
+//!
+//! ```text
+//! gen-bindings --cuda13 <include dir> --cuda12 <include dir> [--out cuda-sys/src/generated] [--check]
+//! ```
+//!
+//! For each major version it runs bindgen over `cuda_runtime_api.h` with a fixed
+//! allowlist (below), writing `cudaNN.rs` (types and constants) and
+//! `cudaNN_fns.rs` (the `extern "C"` declarations, used by the `link` feature).
+//! From the function declarations it then writes `api.rs`: the table of function
+//! pointers that `cuda-sys` fills by `dlopen` at run time, with the symbol name
+//! to resolve for each major version. It refuses to write anything when a bound
+//! function's signature differs between the versions in a way the table does not
+//! know about. With `--check` it writes nothing and exits 1 when a checked-in file
+//! differs from what it would write (CI runs it that way).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Every runtime function the workspace binds, with the one-line doc the
+/// generated table carries. Order is the table's order.
+const FUNCTIONS: &[(&str, &str)] = &[
+    // Errors.
+    ("cudaGetErrorName", "Returns the enum name of an error code as a static C string."),
+    ("cudaGetErrorString", "Returns the description of an error code as a static C string."),
+    ("cudaGetLastError", "Returns the last error of this thread and resets it to `cudaSuccess` (sticky errors stay)."),
+    ("cudaPeekAtLastError", "Returns the last error of this thread without resetting it."),
+    // Versions.
+    ("cudaRuntimeGetVersion", "Writes the runtime's version (1000 * major + 10 * minor)."),
+    ("cudaDriverGetVersion", "Writes the latest version the installed driver supports, 0 when there is no driver."),
+    // Devices.
+    ("cudaGetDeviceCount", "Writes the number of CUDA devices; fails with `cudaErrorInsufficientDriver` or `cudaErrorNoDevice` when there are none."),
+    ("cudaSetDevice", "Makes a device current for the calling host thread."),
+    ("cudaGetDevice", "Writes the calling thread's current device."),
+    ("cudaDeviceGetAttribute", "Writes one integer attribute of a device."),
+    ("cudaDeviceSynchronize", "Blocks until the current device has finished all preceding work."),
+    ("cudaMemGetInfo", "Writes the free and total memory of the current device, in bytes."),
+    ("cudaGetDeviceProperties", "Fills a `cudaDeviceProp` of the loaded major version: the layout differs between CUDA 12 and 13, so the table takes an untyped pointer; CUDA 12 resolves `cudaGetDeviceProperties_v2`."),
+    ("cudaDeviceGetStreamPriorityRange", "Writes the least and greatest stream priorities of the current device."),
+    // Memory.
+    ("cudaMalloc", "Allocates device memory on the current device."),
+    ("cudaFree", "Frees device memory from `cudaMalloc`; null is a no-op."),
+    ("cudaHostAlloc", "Allocates page-locked host memory with `cudaHostAlloc*` flags."),
+    ("cudaFreeHost", "Frees memory from `cudaHostAlloc`."),
+    ("cudaHostRegister", "Page-locks an existing host range with `cudaHostRegister*` flags."),
+    ("cudaHostUnregister", "Unregisters a range registered by `cudaHostRegister`, given its start."),
+    ("cudaHostGetDevicePointer", "Writes the device pointer of mapped page-locked host memory."),
+    ("cudaHostGetFlags", "Writes the flags that page-locked host memory was allocated or registered with."),
+    ("cudaPointerGetAttributes", "Fills `cudaPointerAttributes` for a host or device pointer."),
+    ("cudaMemcpy", "Copies synchronously (with respect to the host) between host and device."),
+    ("cudaMemcpyAsync", "Enqueues a copy on a stream; asynchronous only for page-locked host memory."),
+    ("cudaMemset", "Sets device memory to a byte value."),
+    ("cudaMemsetAsync", "Enqueues setting device memory to a byte value on a stream."),
+    // Streams.
+    ("cudaStreamCreate", "Creates a blocking stream on the current device."),
+    ("cudaStreamCreateWithFlags", "Creates a stream with `cudaStream*` flags on the current device."),
+    ("cudaStreamCreateWithPriority", "Creates a stream with flags and a priority on the current device."),
+    ("cudaStreamDestroy", "Destroys a stream once its work is done; returns at once."),
+    ("cudaStreamSynchronize", "Blocks until a stream has finished its work."),
+    ("cudaStreamQuery", "Returns `cudaSuccess` when a stream is idle, `cudaErrorNotReady` otherwise."),
+    ("cudaStreamWaitEvent", "Makes later work on a stream wait for an event's most recent record."),
+    ("cudaLaunchHostFunc", "Enqueues a host function on a stream; it must not call CUDA."),
+    // Events.
+    ("cudaEventCreate", "Creates an event with default flags."),
+    ("cudaEventCreateWithFlags", "Creates an event with `cudaEvent*` flags."),
+    ("cudaEventRecord", "Records an event on a stream."),
+    ("cudaEventQuery", "Returns `cudaSuccess` when an event has completed, `cudaErrorNotReady` otherwise."),
+    ("cudaEventSynchronize", "Blocks until an event has completed."),
+    ("cudaEventElapsedTime", "Writes the milliseconds between two completed timing events."),
+    ("cudaEventDestroy", "Destroys an event."),
+];
+
+/// Types bound (recursively, with what they contain).
+const TYPES: &[&str] = &[
+    "cudaError",
+    "cudaError_t",
+    "cudaMemcpyKind",
+    "cudaDeviceAttr",
+    "cudaMemoryType",
+    "cudaPointerAttributes",
+    "cudaDeviceProp",
+    "cudaStream_t",
+    "cudaEvent_t",
+    "cudaHostFn_t",
+];
+
+/// Macro constants bound (regular expressions).
+const VARS: &[&str] = &[
+    "CUDART_VERSION",
+    "cudaHostAlloc(Default|Portable|Mapped|WriteCombined)",
+    "cudaHostRegister(Default|Portable|Mapped|IoMemory|ReadOnly)",
+    "cudaStream(Default|NonBlocking)",
+    "cudaEvent(Default|BlockingSync|DisableTiming|Interprocess)",
+];
+
+/// C enums: emitted as newtypes over their integer with associated constants,
+/// so that a value from a newer runtime is never undefined behaviour.
+const ENUMS: &[&str] = &["cudaError", "cudaMemcpyKind", "cudaDeviceAttr", "cudaMemoryType"];
+
+/// Structs whose layout differs between major versions: the table passes
+/// pointers to them untyped.
+const VERSIONED_STRUCTS: &[&str] = &["cudaDeviceProp"];
+
+struct Args {
+    cuda13: PathBuf,
+    cuda12: PathBuf,
+    out: PathBuf,
+    check: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut cuda13 = None;
+    let mut cuda12 = None;
+    let mut out = PathBuf::from("cuda-sys/src/generated");
+    let mut check = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--cuda13" => cuda13 = it.next().map(PathBuf::from),
+            "--cuda12" => cuda12 = it.next().map(PathBuf::from),
+            "--out" => out = it.next().map(PathBuf::from).ok_or("--out needs a folder")?,
+            "--check" => check = true,
+            "-h" | "--help" => {
+                return Err("usage: gen-bindings --cuda13 DIR --cuda12 DIR [--out DIR] [--check]".into());
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    let found = build_support::find_cuda_wheel_includes();
+    let cuda13 = cuda13.or(found.cuda13).ok_or(
+        "no CUDA 13 headers: pass --cuda13 DIR (the include folder of the nvidia-cuda-runtime wheel)",
+    )?;
+    let cuda12 = cuda12.or(found.cuda12).ok_or(
+        "no CUDA 12 headers: pass --cuda12 DIR (the include folder of the nvidia-cuda-runtime-cu12 wheel)",
+    )?;
+    Ok(Args { cuda13, cuda12, out, check })
+}
+
+fn shim_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("shim")
+}
+
+fn builder(include: &Path) -> bindgen::Builder {
+    bindgen::Builder::default()
+        .header_contents("wrapper.h", "#include <cuda_runtime_api.h>\n")
+        .clang_arg(format!("-I{}", include.display()))
+        .clang_arg(format!("-I{}", shim_dir().display()))
+        .clang_arg("-xc")
+        .use_core()
+        .generate_comments(false)
+        .layout_tests(true)
+        .merge_extern_blocks(true)
+        .formatter(bindgen::Formatter::Prettyplease)
+}
+
+fn generate_types(include: &Path) -> Result<String, String> {
+    let mut b = builder(include)
+        .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })
+        .derive_default(true)
+        .derive_debug(true)
+        .derive_eq(true)
+        .derive_hash(true)
+        .prepend_enum_name(false)
+        .impl_debug(false);
+    for t in TYPES {
+        b = b.allowlist_type(t);
+    }
+    for v in VARS {
+        b = b.allowlist_var(v);
+    }
+    for e in ENUMS {
+        b = b.newtype_enum(e);
+    }
+    let out = b.generate().map_err(|e| format!("bindgen (types) in {}: {e}", include.display()))?;
+    Ok(out.to_string())
+}
+
+fn generate_functions(include: &Path) -> Result<String, String> {
+    let mut b = builder(include).allowlist_recursively(false);
+    for (f, _) in FUNCTIONS {
+        // CUDA 12 renames some entry points with macros (cudaGetDeviceProperties -> _v2).
+        b = b.allowlist_function(format!("{f}(_v2)?"));
+    }
+    let out = b.generate().map_err(|e| format!("bindgen (functions) in {}: {e}", include.display()))?;
+    Ok(out.to_string())
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Decl {
+    symbol: String,
+    params: Vec<(String, String)>,
+    ret: String,
+}
+
+/// Reads the `pub fn name(params) -> ret;` items of bindgen's extern block.
+fn parse_decls(src: &str) -> Result<BTreeMap<String, Decl>, String> {
+    let mut out = BTreeMap::new();
+    let flat: String = src.split_whitespace().collect::<Vec<_>>().join(" ");
+    for piece in flat.split("pub fn ").skip(1) {
+        let end = piece.find(';').ok_or("unterminated declaration")?;
+        let item = &piece[..end];
+        let open = item.find('(').ok_or("declaration without '('")?;
+        let symbol = item[..open].trim().to_string();
+        let mut depth = 0usize;
+        let mut close = None;
+        for (i, ch) in item.char_indices().skip(open) {
+            match ch {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let close = close.ok_or("unbalanced parentheses")?;
+        let inner = &item[open + 1..close];
+        let mut params = Vec::new();
+        let mut depth = 0i32;
+        let mut cur = String::new();
+        for ch in inner.chars().chain(std::iter::once(',')) {
+            match ch {
+                '(' | '<' => depth += 1,
+                ')' | '>' => depth -= 1,
+                _ => {}
+            }
+            if ch == ',' && depth == 0 {
+                let p = cur.trim();
+                if !p.is_empty() {
+                    let (n, t) = p.split_once(':').ok_or_else(|| format!("parameter {p:?}"))?;
+                    params.push((n.trim().to_string(), t.trim().to_string()));
+                }
+                cur.clear();
+            } else {
+                cur.push(ch);
+            }
+        }
+        let rest = item[close + 1..].trim();
+        let ret = rest.strip_prefix("->").map(|r| r.trim().to_string()).unwrap_or_default();
+        let key = symbol.strip_suffix("_v2").unwrap_or(&symbol).to_string();
+        out.insert(key, Decl { symbol, params, ret });
+    }
+    Ok(out)
+}
+
+fn header(what: &str) -> String {
+    format!(
+        "// @generated by build-support's gen-bindings from the CUDA runtime headers: {what}.\n\
+         // Do not edit: change the allowlist in build-support/src/bin/gen-bindings.rs and run\n\
+         // `cargo run -p build-support --bin gen-bindings` (CI regenerates and diffs).\n"
+    )
+}
+
+fn table_type(t: &str) -> String {
+    let mut t = t.to_string();
+    for s in VERSIONED_STRUCTS {
+        t = t.replace(&format!("*mut {s}"), "*mut ::core::ffi::c_void");
+    }
+    t
+}
+
+fn generate_api(v13: &BTreeMap<String, Decl>, v12: &BTreeMap<String, Decl>) -> Result<String, String> {
+    let mut s = header("the runtime function table");
+    s.push_str(
+        "\nuse crate::*;\n\n\
+         /// The CUDA runtime entry points this crate binds, resolved from one loaded\n\
+         /// library. Every field is a plain C function pointer: calling one is `unsafe`\n\
+         /// and follows the CUDA runtime API documentation of the function of that name.\n\
+         #[allow(non_snake_case)]\n\
+         #[derive(Clone, Copy)]\n\
+         pub struct Api {\n",
+    );
+    let mut rows = Vec::new();
+    for (name, doc) in FUNCTIONS {
+        let d13 = v13.get(*name).ok_or_else(|| format!("{name} not found in the CUDA 13 headers"))?;
+        let d12 = v12.get(*name).ok_or_else(|| format!("{name} not found in the CUDA 12 headers"))?;
+        if d13.params.iter().map(|p| &p.1).ne(d12.params.iter().map(|p| &p.1)) || d13.ret != d12.ret {
+            return Err(format!("{name}: signature differs between CUDA 12 ({d12:?}) and 13 ({d13:?})"));
+        }
+        let params: Vec<String> = d13.params.iter().map(|(n, t)| format!("{n}: {}", table_type(t))).collect();
+        let ret = if d13.ret.is_empty() { String::new() } else { format!(" -> {}", d13.ret) };
+        let ty = format!("unsafe extern \"C\" fn({}){}", params.join(", "), ret);
+        writeln!(s, "    /// {doc}\n    pub {name}: {ty},").map_err(|e| e.to_string())?;
+        rows.push((name, ty, d13.symbol.clone(), d12.symbol.clone()));
+    }
+    s.push_str("}\n\n");
+    s.push_str(
+        "/// The symbol each table entry is resolved from: `(field, CUDA 13 symbol, CUDA 12 symbol)`.\n\
+         pub const SYMBOLS: &[(&str, &str, &str)] = &[\n",
+    );
+    for (name, _, s13, s12) in &rows {
+        writeln!(s, "    (\"{name}\", \"{s13}\", \"{s12}\"),").map_err(|e| e.to_string())?;
+    }
+    s.push_str("];\n\n");
+    s.push_str(
+        "impl Api {\n\
+         \x20   /// Builds the table from a symbol lookup (`dlsym` on the loaded library).\n\
+         \x20   /// `major` selects the symbol names (CUDA 12 renamed some entry points).\n\
+         \x20   /// Returns the first symbol that could not be found.\n\
+         \x20   ///\n\
+         \x20   /// # Safety\n\
+         \x20   /// Every non-null address `lookup` returns for a symbol must be that CUDA\n\
+         \x20   /// runtime function of the given major version, valid for as long as the\n\
+         \x20   /// returned table is used.\n\
+         \x20   pub unsafe fn resolve(\n\
+         \x20       major: i32,\n\
+         \x20       mut lookup: impl FnMut(&'static str) -> *mut ::core::ffi::c_void,\n\
+         \x20   ) -> Result<Self, &'static str> {\n\
+         \x20       let mut sym = |s13: &'static str, s12: &'static str| {\n\
+         \x20           let name = if major >= 13 { s13 } else { s12 };\n\
+         \x20           let p = lookup(name);\n\
+         \x20           if p.is_null() { Err(name) } else { Ok(p) }\n\
+         \x20       };\n\
+         \x20       Ok(Self {\n",
+    );
+    for (name, ty, s13, s12) in &rows {
+        writeln!(
+            s,
+            "            // SAFETY: the caller guarantees the address is this function of the loaded runtime,\n\
+             \x20           // whose C signature the headers give as this type.\n\
+             \x20           {name}: unsafe {{ ::core::mem::transmute::<*mut ::core::ffi::c_void, {ty}>(sym(\"{s13}\\0\", \"{s12}\\0\")?) }},"
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    s.push_str("        })\n    }\n\n");
+    s.push_str(
+        "    /// The table of the runtime this crate was linked against (feature `link`),\n\
+         \x20   /// bound to the CUDA 13 symbols.\n\
+         \x20   #[cfg(feature = \"link\")]\n\
+         \x20   pub fn linked() -> Self {\n\
+         \x20       Self {\n",
+    );
+    for (name, ty, _, _) in &rows {
+        let erased = v13[**name].params.iter().any(|(_, t)| table_type(t) != *t);
+        if erased {
+            writeln!(
+                s,
+                "            // SAFETY: only the pointee type of a versioned struct is erased; the ABI is the same.\n\
+                 \x20           {name}: unsafe {{ ::core::mem::transmute::<*const (), {ty}>(crate::cuda13::{name} as *const ()) }},"
+            )
+            .map_err(|e| e.to_string())?;
+        } else {
+            writeln!(s, "            {name}: crate::cuda13::{name},").map_err(|e| e.to_string())?;
+        }
+    }
+    s.push_str("        }\n    }\n}\n");
+    Ok(s)
+}
+
+fn run() -> Result<bool, String> {
+    let args = parse_args()?;
+    let mut files: Vec<(String, String)> = Vec::new();
+    let mut decls = Vec::new();
+    for (tag, dir) in [("cuda13", &args.cuda13), ("cuda12", &args.cuda12)] {
+        let types = generate_types(dir)?;
+        let fns = generate_functions(dir)?;
+        decls.push(parse_decls(&fns)?);
+        files.push((format!("{tag}.rs"), format!("{}\n{types}", header(&format!("{tag} types and constants")))));
+        files.push((format!("{tag}_fns.rs"), format!("{}\n{fns}", header(&format!("{tag} extern declarations")))));
+    }
+    files.push(("api.rs".into(), generate_api(&decls[0], &decls[1])?));
+    let mut differs = false;
+    for (name, text) in &files {
+        let path = args.out.join(name);
+        if args.check {
+            let old = std::fs::read_to_string(&path).unwrap_or_default();
+            if old != *text {
+                eprintln!("gen-bindings: {} differs from what the headers generate", path.display());
+                differs = true;
+            }
+        } else {
+            std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            eprintln!("gen-bindings: wrote {}", path.display());
+        }
+    }
+    Ok(!differs)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("gen-bindings: run it without --check and commit the result");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("gen-bindings: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,46 @@
+/* cudart_emu: a host-only stand-in for the CUDA runtime (libcudart), for tests
+ * and CI on machines without a GPU. It exports the runtime functions that
+ * cuda-sys binds, with the same C ABI and error codes, plus the control
+ * functions declared here (accounting, delays, fault injection).
+ *
+ * Environment variables read at load time:
+ *   CUDA_EMU_DEVICES      number of devices (default 1; 0 makes cudaGetDeviceCount fail with cudaErrorNoDevice)
+ *   CUDA_EMU_DEVICE_MEM   bytes of memory per device (default 16 GiB; allocations are made lazily)
+ *   CUDA_EMU_VERSION      runtime version reported (default 13000; 12090 makes it behave as CUDA 12.9)
+ *   CUDA_EMU_DELAY_US     microseconds each stream operation waits before it runs (default 0)
+ *   CUDA_EMU_FAULTS       comma-separated faults, each NAME:NTH:ERROR[:sticky]
+ */
+#ifndef CUDART_EMU_H
+#define CUDART_EMU_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* Live resources; tests assert that these return to zero. */
+typedef struct cudaEmuCounters {
+    uint64_t device_allocs;     /* live cudaMalloc allocations */
+    uint64_t device_bytes;
+    uint64_t pinned_allocs;     /* live cudaHostAlloc allocations */
+    uint64_t pinned_bytes;
+    uint64_t registrations;     /* live cudaHostRegister ranges */
+    uint64_t registered_bytes;  /* after rounding out to pages */
+    uint64_t streams;           /* live created streams (not the default ones) */
+    uint64_t events;            /* live events */
+    uint64_t ops_executed;      /* stream operations executed so far (monotonic) */
+    uint64_t bytes_copied;      /* bytes moved by memcpy operations so far (monotonic) */
+} cudaEmuCounters;
+
+/* Fills *out. Returns 0. */
+int cudaEmuGetCounters(cudaEmuCounters *out);
+/* Sets the per-operation delay in microseconds for operations enqueued later. Returns 0. */
+int cudaEmuSetDelayUs(unsigned int us);
+/* Makes the nth call (1-based, counted from now) of the function named `name`
+ * return `error` without any other effect. With `sticky` set, that call and every
+ * later call of every function return `error` until cudaEmuReset (a lost context).
+ * Returns 0, or -1 for an unknown function name. */
+int cudaEmuInjectFault(const char *name, unsigned int nth, int error, int sticky);
+/* Removes pending faults and clears a sticky error and every thread's last error.
+ * Leaves resources alone. Returns 0. */
+int cudaEmuReset(void);
+/* Number of calls made so far to the function named `name` (monotonic; -1 if unknown). */
+long long cudaEmuCallCount(const char *name);
+#endif

@@ -1,0 +1,176 @@
+//! The emulated CUDA runtime (feature `emulator`): a host-only `libcudart`
+//! stand-in built from C by this crate's build script, for tests and CI on
+//! machines without a GPU. Downstream crates can run their own CI on it.
+//!
+//! It exports the functions of [`Api`](crate::Api) with the real C ABI and
+//! error codes, and behaves like the runtime where it matters for correctness:
+//! streams run their work asynchronously on worker threads (with an optional
+//! delay per operation, so a missing synchronization shows), events and
+//! cross-stream waits order work, copies from pageable memory are staged
+//! synchronously while copies from pinned or registered memory are truly
+//! asynchronous, `cudaHostRegister` follows what was measured on the H200
+//! (page rounding, `ReadOnly` needed for read-only mappings, no page registered
+//! twice), device memory is bounds checked, and every live resource is counted.
+//! Faults can be injected into the Nth call of any function.
+//!
+//! Where it differs from real CUDA: see `cuda-sys/emu/DIFFERENCES.md`.
+//!
+//! ```
+//! let rt = cuda_sys::emulator::load().expect("the emulator builds with this crate");
+//! let ctl = cuda_sys::emulator::controls().unwrap();
+//! let mut n = 0;
+//! // SAFETY: `n` is a valid place for the count.
+//! assert_eq!(unsafe { (rt.api().cudaGetDeviceCount)(&mut n) }.0, 0);
+//! assert!(n >= 1);
+//! assert_eq!(ctl.counters().device_allocs, 0);
+//! ```
+
+use crate::{LoadError, Runtime};
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+
+/// Where the build script put the emulated runtime (`libcudart_emu.so`).
+pub const LIBRARY_PATH: &str = env!("CUDA_SYS_EMULATOR_PATH");
+
+/// Live resources and totals, as counted by the emulator.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Live `cudaMalloc` allocations.
+    pub device_allocs: u64,
+    /// Their bytes.
+    pub device_bytes: u64,
+    /// Live `cudaHostAlloc` allocations.
+    pub pinned_allocs: u64,
+    /// Their bytes.
+    pub pinned_bytes: u64,
+    /// Live `cudaHostRegister` ranges.
+    pub registrations: u64,
+    /// Their bytes, rounded out to pages.
+    pub registered_bytes: u64,
+    /// Live streams created by the program.
+    pub streams: u64,
+    /// Live events.
+    pub events: u64,
+    /// Stream operations executed so far.
+    pub ops_executed: u64,
+    /// Bytes moved by copies so far.
+    pub bytes_copied: u64,
+}
+
+impl Counters {
+    /// True when no allocation, registration, stream or event is live.
+    pub fn is_clean(&self) -> bool {
+        self.device_allocs == 0
+            && self.pinned_allocs == 0
+            && self.registrations == 0
+            && self.streams == 0
+            && self.events == 0
+    }
+}
+
+/// The emulator's control functions.
+#[derive(Clone, Copy)]
+pub struct Controls {
+    get_counters: unsafe extern "C" fn(*mut Counters) -> c_int,
+    set_delay_us: unsafe extern "C" fn(c_uint) -> c_int,
+    inject_fault: unsafe extern "C" fn(*const c_char, c_uint, c_int, c_int) -> c_int,
+    reset: unsafe extern "C" fn() -> c_int,
+    call_count: unsafe extern "C" fn(*const c_char) -> i64,
+}
+
+impl std::fmt::Debug for Controls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Controls")
+    }
+}
+
+impl Controls {
+    /// The live resources and totals.
+    pub fn counters(&self) -> Counters {
+        let mut c = Counters::default();
+        // SAFETY: `c` is a valid, correctly laid out `cudaEmuCounters`.
+        unsafe { (self.get_counters)(&mut c) };
+        c
+    }
+
+    /// Sets the delay each stream operation enqueued from now on waits before it runs.
+    pub fn set_delay_us(&self, us: u32) {
+        // SAFETY: plain value argument.
+        unsafe { (self.set_delay_us)(us) };
+    }
+
+    /// Makes the `nth` call (1-based, from now) of `function` fail with `error`
+    /// (a raw `cudaError_t` value); `sticky` also fails every later call until
+    /// [`Controls::reset`]. Returns false for an unknown function name.
+    pub fn inject_fault(&self, function: &str, nth: u32, error: u32, sticky: bool) -> bool {
+        let Ok(name) = CString::new(function) else { return false };
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        unsafe { (self.inject_fault)(name.as_ptr(), nth, error as c_int, c_int::from(sticky)) == 0 }
+    }
+
+    /// Clears pending faults, a sticky error and last errors; resources stay.
+    pub fn reset(&self) {
+        // SAFETY: no arguments.
+        unsafe { (self.reset)() };
+    }
+
+    /// How many times `function` has been called so far, or `None` if unknown.
+    pub fn call_count(&self, function: &str) -> Option<u64> {
+        let name = CString::new(function).ok()?;
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        let n = unsafe { (self.call_count)(name.as_ptr()) };
+        u64::try_from(n).ok()
+    }
+}
+
+/// Loads the emulated runtime by path (a separate `&'static Runtime`; make it the
+/// process-wide one with [`crate::set_runtime_path`]`(LIBRARY_PATH)` instead).
+///
+/// # Errors
+/// As [`Runtime::load`].
+pub fn load() -> Result<&'static Runtime, LoadError> {
+    Runtime::load(LIBRARY_PATH)
+}
+
+/// The control functions of the emulator at [`LIBRARY_PATH`] (loading it if needed).
+///
+/// # Errors
+/// As [`Runtime::load`], or a missing control symbol.
+pub fn controls() -> Result<Controls, LoadError> {
+    static CONTROLS: OnceLock<Result<Controls, LoadError>> = OnceLock::new();
+    CONTROLS
+        .get_or_init(|| {
+            let path = CString::new(LIBRARY_PATH).map_err(|_| LoadError::BadPath(LIBRARY_PATH.into()))?;
+            // SAFETY: a valid path; the handle is never closed.
+            let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if h.is_null() {
+                return Err(LoadError::NotFound { tried: vec![(LIBRARY_PATH.into(), "dlopen failed".into())] });
+            }
+            let sym = |name: &str| -> Result<*mut c_void, LoadError> {
+                let c = CString::new(name).map_err(|_| LoadError::BadPath(name.into()))?;
+                // SAFETY: live handle, NUL-terminated name.
+                let p = unsafe { libc::dlsym(h, c.as_ptr()) };
+                if p.is_null() {
+                    Err(LoadError::MissingSymbol { library: LIBRARY_PATH.into(), symbol: name.into() })
+                } else {
+                    Ok(p)
+                }
+            };
+            // SAFETY (all five): the symbols are the emulator's control functions,
+            // whose C signatures cudart_emu.h declares as these types.
+            Ok(Controls {
+                // SAFETY: see above.
+                get_counters: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuGetCounters")?) },
+                // SAFETY: see above.
+                set_delay_us: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuSetDelayUs")?) },
+                // SAFETY: see above.
+                inject_fault: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuInjectFault")?) },
+                // SAFETY: see above.
+                reset: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuReset")?) },
+                // SAFETY: see above.
+                call_count: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuCallCount")?) },
+            })
+        })
+        .clone()
+}
