@@ -1,1 +1,85 @@
-//! placeholder
+//! Safe wrappers over the CUDA runtime for moving data between host and GPU.
+//!
+//! Users build a copy pipeline without writing `unsafe`, and the compiler
+//! rejects the classic bugs: an asynchronous copy from pageable memory, touching
+//! a host buffer while a copy uses it, reading a device buffer while a copy
+//! fills it, freeing memory a stream still uses.
+//!
+//! # The safety model
+//!
+//! Asynchronous copies outlive the call that starts them, so the obvious design
+//! (a guard borrowing the buffers, whose `Drop` waits) is unsound: `mem::forget`
+//! on the guard ends the borrow without the wait. This crate never relies on a
+//! destructor running. It combines two patterns:
+//!
+//! 1. **Event-guarded owners.** Every buffer ([`DeviceBuffer`], [`PinnedBuffer`],
+//!    [`HostRegistration`]) owns a [`Fence`]: the last operation of each stream
+//!    that reads or writes it. Host access ([`PinnedBuffer::as_mut_slice`],
+//!    [`DeviceBuffer::to_vec`], …) and `Drop` first wait on the fence; an
+//!    operation on another stream is ordered after it (`cudaStreamWaitEvent`).
+//!    That is what keeps memory alive and unobserved during a DMA, whatever the
+//!    caller leaks. If the wait itself fails (a lost context), `Drop` leaks the
+//!    memory rather than free what a copy might still touch.
+//! 2. **Borrows for the compiler.** Each asynchronous operation returns a
+//!    [`Pending`] that borrows its buffers, so the misuse is a compile error,
+//!    not a silent wait. Forgetting the `Pending` only ends the borrow; the
+//!    fences still hold.
+//! 3. **Ownership passing for registered memory.** [`HostRegistration`] owns
+//!    the memory it registers: leaking the registration leaks the memory, so a
+//!    copy can never read memory that was freed or reused.
+//!
+//! Pageable memory (`&[T]`) implements none of the source traits: it reaches
+//! the device only through the explicitly synchronous
+//! [`DeviceBuffer::copy_from_slice`] and [`DeviceBuffer::copy_to_slice`].
+//!
+//! # Example: double-buffered upload, with no `unsafe`
+//!
+//! ```no_run
+//! use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
+//! # fn main() -> cuda_safe::Result<()> {
+//! let dev = Device::get(0)?;
+//! let stream = Stream::new(&dev)?;
+//! let chunk = 1 << 20;
+//! let mut slots = [PinnedBuffer::<f32>::new(chunk)?, PinnedBuffer::<f32>::new(chunk)?];
+//! let mut on_gpu = DeviceBuffer::<f32>::zeroed(&dev, 8 * chunk)?;
+//! for i in 0..8 {
+//!     let slot = &mut slots[i % 2];
+//!     slot.as_mut_slice()?.fill(i as f32); // waits only if this slot's last copy still runs
+//!     let mut dst = on_gpu.slice_mut(i * chunk..(i + 1) * chunk)?;
+//!     stream.copy_to_device(slot, &mut dst)?.detach(); // the fences keep it sound
+//! }
+//! let mut back = PinnedBuffer::<f32>::new(8 * chunk)?;
+//! stream.copy_to_host(&on_gpu, &mut back)?.wait()?;
+//! assert_eq!(back.as_slice()?[7 * chunk], 7.0);
+//! # Ok(()) }
+//! ```
+//!
+//! # Devices and threads
+//!
+//! The runtime's current device is per host thread. Every object here remembers
+//! its [`Device`] and makes it current before each call, so objects can move
+//! between threads and programs can mix GPUs. Streams, events and buffers are
+//! `Send + Sync`.
+//!
+//! # Loading
+//!
+//! The runtime is loaded at first use by [`cuda_sys::runtime`]; see there for
+//! the search order, or set `CUDA_SYS_RUNTIME`.
+
+mod device;
+mod error;
+mod memory;
+mod raw;
+mod stream;
+
+pub use device::{Device, RuntimeInfo, runtime_info};
+pub use error::{Error, Result, STICKY_CODES};
+pub use memory::{
+    DeviceBuffer, DeviceSink, DeviceSlice, DeviceSliceMut, DeviceSource, HostMemory, HostRegistration, HostSink,
+    HostSource, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod, RegisterFlags, host_device_pointer,
+    host_flags, pointer_kind,
+};
+pub use stream::{Event, EventOptions, Fence, Pending, Stream, StreamOptions};
+
+/// The raw bindings, re-exported for interop.
+pub use cuda_sys as sys;

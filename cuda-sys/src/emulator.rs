@@ -30,7 +30,32 @@ use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
 /// Where the build script put the emulated runtime (`libcudart_emu.so`).
+/// Use [`library_path`], which also works where this path does not exist.
 pub const LIBRARY_PATH: &str = env!("CUDA_SYS_EMULATOR_PATH");
+
+/// The emulated runtime itself, embedded so that a binary carried to another
+/// machine (without this build's folders) still has it.
+static LIBRARY_BYTES: &[u8] = include_bytes!(env!("CUDA_SYS_EMULATOR_PATH"));
+
+/// A path the emulated runtime can be loaded from: [`LIBRARY_PATH`] when it
+/// exists, else a copy of the embedded library written once per process to the
+/// temporary folder.
+///
+/// # Errors
+/// [`LoadError::NotFound`] when the copy cannot be written.
+pub fn library_path() -> Result<String, LoadError> {
+    static PATH: OnceLock<Result<String, LoadError>> = OnceLock::new();
+    PATH.get_or_init(|| {
+        if std::path::Path::new(LIBRARY_PATH).is_file() {
+            return Ok(LIBRARY_PATH.to_string());
+        }
+        let p = std::env::temp_dir().join(format!("libcudart_emu-{}.so", std::process::id()));
+        std::fs::write(&p, LIBRARY_BYTES)
+            .map_err(|e| LoadError::NotFound { tried: vec![(p.display().to_string(), e.to_string())] })?;
+        Ok(p.display().to_string())
+    })
+    .clone()
+}
 
 /// Live resources and totals, as counted by the emulator.
 #[repr(C)]
@@ -124,16 +149,17 @@ impl Controls {
     }
 }
 
-/// Loads the emulated runtime by path (a separate `&'static Runtime`; make it the
-/// process-wide one with [`crate::set_runtime_path`]`(LIBRARY_PATH)` instead).
+/// Loads the emulated runtime by path, once (a separate `&'static Runtime`; make
+/// it the process-wide one with [`crate::set_runtime_path`]`(library_path()?)` instead).
 ///
 /// # Errors
 /// As [`Runtime::load`].
 pub fn load() -> Result<&'static Runtime, LoadError> {
-    Runtime::load(LIBRARY_PATH)
+    static RT: OnceLock<Result<&'static Runtime, LoadError>> = OnceLock::new();
+    RT.get_or_init(|| Runtime::load(&library_path()?)).clone()
 }
 
-/// The control functions of the emulator at [`LIBRARY_PATH`] (loading it if needed).
+/// The control functions of the emulator at [`library_path`] (loading it if needed).
 ///
 /// # Errors
 /// As [`Runtime::load`], or a missing control symbol.
@@ -141,18 +167,19 @@ pub fn controls() -> Result<Controls, LoadError> {
     static CONTROLS: OnceLock<Result<Controls, LoadError>> = OnceLock::new();
     CONTROLS
         .get_or_init(|| {
-            let path = CString::new(LIBRARY_PATH).map_err(|_| LoadError::BadPath(LIBRARY_PATH.into()))?;
+            let lib = library_path()?;
+            let path = CString::new(lib.clone()).map_err(|_| LoadError::BadPath(lib.clone()))?;
             // SAFETY: a valid path; the handle is never closed.
             let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
             if h.is_null() {
-                return Err(LoadError::NotFound { tried: vec![(LIBRARY_PATH.into(), "dlopen failed".into())] });
+                return Err(LoadError::NotFound { tried: vec![(lib, "dlopen failed".into())] });
             }
             let sym = |name: &str| -> Result<*mut c_void, LoadError> {
                 let c = CString::new(name).map_err(|_| LoadError::BadPath(name.into()))?;
                 // SAFETY: live handle, NUL-terminated name.
                 let p = unsafe { libc::dlsym(h, c.as_ptr()) };
                 if p.is_null() {
-                    Err(LoadError::MissingSymbol { library: LIBRARY_PATH.into(), symbol: name.into() })
+                    Err(LoadError::MissingSymbol { library: lib.clone(), symbol: name.into() })
                 } else {
                     Ok(p)
                 }

@@ -1,1 +1,187 @@
-//! placeholder
+//! Shared harness of the integration suite.
+//!
+//! Each test binary picks its runtime once, at its first [`start`]:
+//!
+//! * `CUDA_REQUIRED=1` (set by `.gpu/run.sh` on the GPU machine): the real
+//!   runtime, and it must see a device, or the test **fails**.
+//! * otherwise the real runtime when one loads and sees a device, else the
+//!   emulated runtime built by `cuda-sys` (CI, laptops).
+//!
+//! Binaries that test the emulator's own features (fault injection, delays)
+//! use [`start_emulated`], which always loads the emulator, on any machine.
+//!
+//! Tests in one binary run one at a time (a lock): the emulator's resource
+//! counters are process-wide, and [`Ctx::assert_clean`] checks that a test left
+//! nothing allocated, pinned, registered or created.
+
+use cuda_sys::emulator::{Controls, Counters};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Which runtime this test binary uses.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// True for the real CUDA runtime.
+    pub real: bool,
+    /// The emulator's controls when it is the emulator.
+    pub emu: Option<Controls>,
+    /// The library loaded.
+    pub path: String,
+}
+
+static ENV: OnceLock<Env> = OnceLock::new();
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn required() -> bool {
+    std::env::var("CUDA_REQUIRED").is_ok_and(|v| v == "1")
+}
+
+fn pick(force_emulator: bool) -> Env {
+    if !force_emulator {
+        match cuda_sys::Runtime::search(None) {
+            Ok(rt) => {
+                let mut n = 0;
+                // SAFETY: `n` is a valid place for the count.
+                let code = unsafe { (rt.api().cudaGetDeviceCount)(&mut n) };
+                if code.0 == 0 && n > 0 {
+                    cuda_sys::set_runtime_path(rt.path()).expect("runtime chosen before first use");
+                    return Env { real: true, emu: None, path: rt.path().to_string() };
+                }
+                assert!(
+                    !required(),
+                    "CUDA_REQUIRED=1 but {} reports {} ({} devices)",
+                    rt.path(),
+                    rt.error_name(code),
+                    n
+                );
+            }
+            Err(e) => assert!(!required(), "CUDA_REQUIRED=1 but no CUDA runtime loads: {e}"),
+        }
+    }
+    let path = cuda_sys::emulator::library_path().expect("the emulated runtime is embedded");
+    cuda_sys::set_runtime_path(path.clone()).expect("runtime chosen before first use");
+    let emu = cuda_sys::emulator::controls().expect("emulator controls");
+    Env { real: false, emu: Some(emu), path }
+}
+
+/// One test's context: holds the binary's test lock; see [`start`].
+pub struct Ctx {
+    /// The runtime in use.
+    pub env: &'static Env,
+    _guard: MutexGuard<'static, ()>,
+}
+
+fn begin(force_emulator: bool) -> Ctx {
+    let guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let env = ENV.get_or_init(|| pick(force_emulator));
+    assert!(!force_emulator || !env.real, "start_emulated() after start() chose the real runtime in this binary");
+    if let Some(emu) = &env.emu {
+        emu.reset();
+        emu.set_delay_us(0);
+    }
+    Ctx { env, _guard: guard }
+}
+
+/// Starts a test on this binary's runtime (real GPU or emulator; see the crate docs).
+pub fn start() -> Ctx {
+    begin(false)
+}
+
+/// Starts a test that needs the emulator's controls (faults, delays, counters).
+pub fn start_emulated() -> Ctx {
+    begin(true)
+}
+
+impl Ctx {
+    /// True on the emulator.
+    pub fn emulated(&self) -> bool {
+        !self.env.real
+    }
+
+    /// The emulator's controls (panics on the real runtime: use only after
+    /// [`start_emulated`] or when [`Ctx::emulated`]).
+    pub fn emu(&self) -> &Controls {
+        self.env.emu.as_ref().expect("emulator controls on the emulated runtime")
+    }
+
+    /// The emulator's counters, or `None` on the real runtime.
+    pub fn counters(&self) -> Option<Counters> {
+        self.env.emu.as_ref().map(|e| e.counters())
+    }
+
+    /// Asserts that no allocation, pinned block, registration, stream or event
+    /// is live (on the emulator; on a GPU there is nothing to count).
+    #[track_caller]
+    pub fn assert_clean(&self) {
+        if let Some(c) = self.counters() {
+            assert!(c.is_clean(), "resources left behind: {c:?}");
+        }
+    }
+
+    /// Sets the emulator's delay per stream operation (no-op on a GPU).
+    pub fn set_delay_us(&self, us: u32) {
+        if let Some(e) = &self.env.emu {
+            e.set_delay_us(us);
+        }
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        if let Some(e) = &self.env.emu {
+            e.reset();
+            e.set_delay_us(0);
+        }
+    }
+}
+
+/// A temporary folder removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Makes a new, empty temporary folder.
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("wire-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// A path inside it.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Deterministic test bytes: byte `i` of a stream seeded by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes `pattern(seed, len)` to a new file at `path`.
+pub fn write_pattern_file(path: &Path, seed: u64, len: usize) -> Vec<u8> {
+    let data = pattern(seed, len);
+    std::fs::write(path, &data).expect("write test file");
+    data
+}

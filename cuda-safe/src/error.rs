@@ -1,0 +1,133 @@
+//! Errors: every fallible call returns [`Result`], never panics.
+
+use cuda_sys::{LoadError, cudaError_t};
+use std::fmt;
+
+/// The result of every fallible call of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CUDA runtime call returned an error.
+    Cuda {
+        /// The runtime function that failed (`"cudaHostRegister"`).
+        call: &'static str,
+        /// The raw `cudaError_t`.
+        code: u32,
+        /// Its enum name (`"cudaErrorInvalidValue"`).
+        name: String,
+        /// The runtime's description.
+        message: String,
+    },
+    /// No CUDA runtime could be loaded.
+    Load(LoadError),
+    /// An argument this crate checked before calling CUDA was wrong.
+    InvalidArgument {
+        /// The operation that refused it.
+        call: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// Codes after which the CUDA context is unusable: every later call fails and
+/// the process must be restarted.
+pub const STICKY_CODES: &[u32] = &[700, 702, 714, 715, 716, 717, 718, 719];
+
+impl Error {
+    /// Builds an error from a CUDA return code (`code` must not be success).
+    pub(crate) fn cuda(call: &'static str, code: cudaError_t) -> Self {
+        let (name, message) = match cuda_sys::runtime() {
+            Ok(rt) => (rt.error_name(code), rt.error_string(code)),
+            Err(_) => (format!("cudaError({})", code.0), String::new()),
+        };
+        Error::Cuda { call, code: code.0, name, message }
+    }
+
+    pub(crate) fn invalid(call: &'static str, message: impl Into<String>) -> Self {
+        Error::InvalidArgument { call, message: message.into() }
+    }
+
+    /// The raw CUDA code, if this came from CUDA.
+    pub fn code(&self) -> Option<u32> {
+        match self {
+            Error::Cuda { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The CUDA function or operation that failed.
+    pub fn call(&self) -> &str {
+        match self {
+            Error::Cuda { call, .. } | Error::InvalidArgument { call, .. } => call,
+            Error::Load(_) => "loading the CUDA runtime",
+        }
+    }
+
+    /// True when the CUDA context is lost: nothing on this device will work again
+    /// in this process.
+    ///
+    /// ```
+    /// let e = cuda_safe::Error::Cuda { call: "cudaMemcpyAsync", code: 700, name: "cudaErrorIllegalAddress".into(), message: String::new() };
+    /// assert!(e.is_sticky());
+    /// ```
+    pub fn is_sticky(&self) -> bool {
+        self.code().is_some_and(|c| STICKY_CODES.contains(&c))
+    }
+
+    /// What to do about it, where there is something to say.
+    pub fn hint(&self) -> Option<&'static str> {
+        let code = match self {
+            Error::Load(_) => return Some("install the CUDA runtime or set CUDA_SYS_RUNTIME to a libcudart.so"),
+            Error::InvalidArgument { .. } => return None,
+            Error::Cuda { code, .. } => *code,
+        };
+        Some(match code {
+            2 => "out of memory: free buffers, use smaller ones, or (pinned memory) pin less: a pinned ring or windows need only a few slots",
+            35 => "no usable NVIDIA driver: install one matching the runtime, or use the emulated runtime for tests",
+            100 => "no CUDA device is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES",
+            101 => "device index out of range: see Device::count()",
+            1 if self.call() == "cudaHostRegister" => {
+                "cudaHostRegister refused the range: a read-only or file mapping needs the ReadOnly flag (PROT_READ + MAP_SHARED), and the range must be mapped"
+            }
+            712 => "these pages are already registered: share the existing registration or register disjoint pages",
+            713 => "this pointer is not the start of a registration",
+            600 => "the work has not finished yet",
+            c if STICKY_CODES.contains(&c) => "the CUDA context is lost (sticky error): restart the process",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Cuda { call, code, name, message } => {
+                write!(f, "{call} failed: {name} ({code}): {message}")?;
+            }
+            Error::Load(e) => write!(f, "{e}")?,
+            Error::InvalidArgument { call, message } => write!(f, "{call}: {message}")?,
+        }
+        if let Some(h) = self.hint() {
+            write!(f, " (hint: {h})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Load(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<LoadError> for Error {
+    fn from(e: LoadError) -> Self {
+        Error::Load(e)
+    }
+}

@@ -1,0 +1,856 @@
+//! Device memory, pinned host memory, registered host memory, and the copies
+//! between them.
+//!
+//! Every buffer owns a [`Fence`]. Asynchronous copies borrow their buffers for
+//! the [`Pending`] they return and record themselves in the fences; host access
+//! (`as_slice`, `as_mut_slice`, `to_vec`) and `Drop` wait on the fence first.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::raw;
+use crate::stream::{Fence, Pending, Stream};
+use cuda_sys::cudaMemcpyKind;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::ops::{Bound, Range, RangeBounds};
+
+/// Plain old data: any bit pattern is a valid value, no padding, no pointers
+/// that matter. Only such types may be copied to and from a GPU.
+///
+/// # Safety
+/// Every bit pattern of `size_of::<Self>()` bytes must be a valid `Self`, and
+/// `Self` must have no padding bytes.
+pub unsafe trait Pod: Copy + Send + Sync + 'static {}
+
+macro_rules! pod {
+    ($($t:ty),*) => { $(
+        // SAFETY: primitive numbers: every bit pattern is valid, no padding.
+        unsafe impl Pod for $t {}
+    )* };
+}
+pod!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
+// SAFETY: an array of Pod has no padding between elements and every bit pattern is valid.
+unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
+
+fn bytes_of<T>(len: usize, call: &'static str) -> Result<usize> {
+    len.checked_mul(size_of::<T>()).ok_or_else(|| Error::invalid(call, format!("{len} elements overflow usize bytes")))
+}
+
+fn to_range(r: impl RangeBounds<usize>, len: usize, call: &'static str) -> Result<Range<usize>> {
+    let start = match r.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match r.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::invalid(call, format!("range {start}..{end} out of bounds for length {len}")));
+    }
+    Ok(start..end)
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Host memory an asynchronous copy may read: pinned or registered only. A
+/// pageable `&[T]` does not implement it, so it cannot reach an async copy.
+pub trait HostSource<T: Pod>: sealed::Sealed {
+    #[doc(hidden)]
+    fn host_src(&self) -> (*const T, usize, &Fence);
+}
+/// Host memory an asynchronous copy may write: pinned memory only.
+pub trait HostSink<T: Pod>: sealed::Sealed {
+    #[doc(hidden)]
+    fn host_dst(&mut self) -> (*mut T, usize, &Fence);
+}
+/// Device memory an operation may read.
+pub trait DeviceSource<T: Pod>: sealed::Sealed {
+    #[doc(hidden)]
+    fn device_src(&self) -> (*const T, usize, &Fence, Device);
+}
+/// Device memory an operation may write.
+pub trait DeviceSink<T: Pod>: sealed::Sealed {
+    #[doc(hidden)]
+    fn device_dst(&mut self) -> (*mut T, usize, &Fence, Device);
+}
+
+// ---------------------------------------------------------------- device memory
+
+/// Memory on one device (`cudaMalloc`), holding `len` values of `T`.
+///
+/// The host never dereferences it: copies move data in and out. `Drop` waits
+/// for every stream still using it, then frees it.
+///
+/// ```no_run
+/// # fn main() -> cuda_safe::Result<()> {
+/// let dev = cuda_safe::Device::get(0)?;
+/// let mut d = cuda_safe::DeviceBuffer::<u32>::zeroed(&dev, 1024)?;
+/// d.copy_from_slice(&[7; 1024])?;            // synchronous, from pageable memory
+/// assert_eq!(d.to_vec()?[0], 7);
+/// # Ok(()) }
+/// ```
+pub struct DeviceBuffer<T: Pod> {
+    ptr: *mut T,
+    len: usize,
+    device: Device,
+    fence: Fence,
+}
+
+// SAFETY: the buffer owns device memory, usable from any thread; T is Send + Sync.
+unsafe impl<T: Pod> Send for DeviceBuffer<T> {}
+// SAFETY: shared access only enqueues reads, ordered by the fence's mutex.
+unsafe impl<T: Pod> Sync for DeviceBuffer<T> {}
+
+impl<T: Pod> std::fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer").field("ptr", &self.ptr).field("len", &self.len).field("device", &self.device).finish()
+    }
+}
+
+impl<T: Pod> DeviceBuffer<T> {
+    /// `len` values on `device`, contents unspecified (whatever the memory held).
+    ///
+    /// # Errors
+    /// `cudaErrorMemoryAllocation` when the device is full.
+    pub fn new(device: &Device, len: usize) -> Result<Self> {
+        let bytes = bytes_of::<T>(len, "DeviceBuffer::new")?;
+        device.make_current()?;
+        let ptr = if bytes == 0 { std::ptr::null_mut() } else { raw::malloc(bytes)?.cast() };
+        Ok(DeviceBuffer { ptr, len, device: *device, fence: Fence::default() })
+    }
+
+    /// `len` zeroed values on `device`.
+    ///
+    /// # Errors
+    /// As [`DeviceBuffer::new`].
+    pub fn zeroed(device: &Device, len: usize) -> Result<Self> {
+        let b = Self::new(device, len)?;
+        if len > 0 {
+            // SAFETY: the whole fresh allocation, on the current device, unused by any stream.
+            unsafe { raw::memset(b.ptr.cast(), 0, len * size_of::<T>()) }?;
+        }
+        Ok(b)
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The device address, for calls this crate does not wrap (e.g. a kernel).
+    /// Work given through it is not fenced: synchronize before touching `self`.
+    pub fn as_raw_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// A view of `range` that operations can read.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
+        let r = to_range(range, self.len, "DeviceBuffer::slice")?;
+        Ok(DeviceSlice { buf: self, range: r })
+    }
+
+    /// A view of `range` that operations can write.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
+        let r = to_range(range, self.len, "DeviceBuffer::slice_mut")?;
+        Ok(DeviceSliceMut { buf: self, range: r })
+    }
+
+    /// Copies `src` (any host memory) in, synchronously, after every stream has
+    /// finished with the buffer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] on a length mismatch; the runtime's error.
+    pub fn copy_from_slice(&mut self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::invalid("DeviceBuffer::copy_from_slice", format!("source has {} values, buffer {}", src.len(), self.len)));
+        }
+        self.fence.wait_all()?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.device.make_current()?;
+        // SAFETY: `src` is valid for reads of the whole buffer's bytes; the
+        // buffer is exclusively borrowed and no stream uses it (fence waited).
+        unsafe { raw::memcpy(self.ptr.cast(), src.as_ptr().cast(), size_of_val(src), cudaMemcpyKind::cudaMemcpyHostToDevice) }
+    }
+
+    /// Copies the contents out into `dst` (any host memory), synchronously,
+    /// after every stream writing the buffer has finished.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] on a length mismatch; the runtime's error.
+    pub fn copy_to_slice(&self, dst: &mut [T]) -> Result<()> {
+        if dst.len() != self.len {
+            return Err(Error::invalid("DeviceBuffer::copy_to_slice", format!("destination has {} values, buffer {}", dst.len(), self.len)));
+        }
+        self.fence.wait_writes()?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.device.make_current()?;
+        // SAFETY: `dst` is valid for writes of the whole buffer's bytes and
+        // exclusively borrowed; no stream writes the buffer (fence waited).
+        unsafe { raw::memcpy(dst.as_mut_ptr().cast(), self.ptr.cast(), size_of_val(dst), cudaMemcpyKind::cudaMemcpyDeviceToHost) }
+    }
+
+    /// The contents, copied to a new `Vec`, synchronously.
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut v = Vec::with_capacity(self.len);
+        // Pod values: zero is a valid value; it is overwritten by the copy.
+        v.resize(self.len, zeroed_pod::<T>());
+        self.copy_to_slice(&mut v)?;
+        Ok(v)
+    }
+}
+
+fn zeroed_pod<T: Pod>() -> T {
+    // SAFETY: T is Pod, so the all-zero bit pattern is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+impl<T: Pod> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        if self.fence.wait_all().is_err() {
+            // A stream may still use the memory and CUDA cannot tell us when it
+            // stops: leak it rather than free memory a copy may write.
+            return;
+        }
+        let _ = self.device.make_current();
+        // SAFETY: we own the allocation and no stream uses it any more.
+        let _ = unsafe { raw::free(self.ptr.cast()) };
+    }
+}
+
+/// A read-only view of part of a [`DeviceBuffer`].
+pub struct DeviceSlice<'a, T: Pod> {
+    buf: &'a DeviceBuffer<T>,
+    range: Range<usize>,
+}
+
+/// A writable view of part of a [`DeviceBuffer`].
+pub struct DeviceSliceMut<'a, T: Pod> {
+    buf: &'a mut DeviceBuffer<T>,
+    range: Range<usize>,
+}
+
+impl<T: Pod> sealed::Sealed for DeviceBuffer<T> {}
+impl<T: Pod> sealed::Sealed for DeviceSlice<'_, T> {}
+impl<T: Pod> sealed::Sealed for DeviceSliceMut<'_, T> {}
+
+impl<T: Pod> DeviceSource<T> for DeviceBuffer<T> {
+    fn device_src(&self) -> (*const T, usize, &Fence, Device) {
+        (self.ptr, self.len, &self.fence, self.device)
+    }
+}
+impl<T: Pod> DeviceSink<T> for DeviceBuffer<T> {
+    fn device_dst(&mut self) -> (*mut T, usize, &Fence, Device) {
+        (self.ptr, self.len, &self.fence, self.device)
+    }
+}
+impl<T: Pod> DeviceSource<T> for DeviceSlice<'_, T> {
+    fn device_src(&self) -> (*const T, usize, &Fence, Device) {
+        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
+    }
+}
+impl<T: Pod> DeviceSource<T> for DeviceSliceMut<'_, T> {
+    fn device_src(&self) -> (*const T, usize, &Fence, Device) {
+        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
+    }
+}
+impl<T: Pod> DeviceSink<T> for DeviceSliceMut<'_, T> {
+    fn device_dst(&mut self) -> (*mut T, usize, &Fence, Device) {
+        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
+    }
+}
+
+// ---------------------------------------------------------------- pinned memory
+
+/// Flags for [`PinnedBuffer::with_flags`]. The default (all off) is right for
+/// copies: write-combined memory makes CPU reads very slow, so it is never on
+/// unless asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PinnedFlags {
+    /// Pinned for every device, not only the current one (several GPUs).
+    pub portable: bool,
+    /// Mapped into the device address space.
+    pub mapped: bool,
+    /// Write-combined: faster host-to-device copies on some systems, very slow CPU reads.
+    pub write_combined: bool,
+}
+
+impl PinnedFlags {
+    fn bits(self) -> u32 {
+        let mut b = cuda_sys::cudaHostAllocDefault;
+        if self.portable {
+            b |= cuda_sys::cudaHostAllocPortable;
+        }
+        if self.mapped {
+            b |= cuda_sys::cudaHostAllocMapped;
+        }
+        if self.write_combined {
+            b |= cuda_sys::cudaHostAllocWriteCombined;
+        }
+        b
+    }
+}
+
+/// Page-locked host memory (`cudaHostAlloc`), zero-initialized: the only host
+/// memory besides registered memory that asynchronous copies accept.
+///
+/// Allocating it is slow (about 0.34 s per GiB on an H200) and synchronizes the
+/// device: allocate once and reuse it.
+///
+/// ```no_run
+/// # fn main() -> cuda_safe::Result<()> {
+/// let mut p = cuda_safe::PinnedBuffer::<u8>::new(4096)?;
+/// p.as_mut_slice()?[0] = 42;
+/// assert_eq!(p.as_slice()?[0], 42);
+/// # Ok(()) }
+/// ```
+pub struct PinnedBuffer<T: Pod> {
+    ptr: *mut T,
+    len: usize,
+    flags: PinnedFlags,
+    fence: Fence,
+}
+
+// SAFETY: the buffer owns its memory; T is Send + Sync.
+unsafe impl<T: Pod> Send for PinnedBuffer<T> {}
+// SAFETY: shared access reads only (host reads wait for device writes via the fence).
+unsafe impl<T: Pod> Sync for PinnedBuffer<T> {}
+
+impl<T: Pod> std::fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer").field("ptr", &self.ptr).field("len", &self.len).field("flags", &self.flags).finish()
+    }
+}
+
+impl<T: Pod> PinnedBuffer<T> {
+    /// `len` zeroed values of pinned memory with default flags.
+    ///
+    /// # Errors
+    /// `cudaErrorMemoryAllocation` when the system cannot pin that much.
+    pub fn new(len: usize) -> Result<Self> {
+        Self::with_flags(len, PinnedFlags::default())
+    }
+
+    /// `len` zeroed values of pinned memory with `flags`.
+    ///
+    /// # Errors
+    /// As [`PinnedBuffer::new`].
+    pub fn with_flags(len: usize, flags: PinnedFlags) -> Result<Self> {
+        let bytes = bytes_of::<T>(len, "PinnedBuffer::new")?;
+        if bytes == 0 {
+            return Ok(PinnedBuffer { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, flags, fence: Fence::default() });
+        }
+        let ptr = raw::host_alloc(bytes, flags.bits())?.cast::<T>();
+        if ptr.is_null() || !ptr.is_aligned() {
+            return Err(Error::invalid("PinnedBuffer::new", "cudaHostAlloc returned a null or misaligned pointer"));
+        }
+        // SAFETY: `ptr` is valid for writes of `bytes` bytes, freshly allocated.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        Ok(PinnedBuffer { ptr, len, flags, fence: Fence::default() })
+    }
+
+    /// A pinned copy of `src`.
+    ///
+    /// # Errors
+    /// As [`PinnedBuffer::new`].
+    pub fn from_slice(src: &[T]) -> Result<Self> {
+        let mut b = Self::new(src.len())?;
+        b.as_mut_slice()?.copy_from_slice(src);
+        Ok(b)
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The flags it was allocated with.
+    pub fn flags(&self) -> PinnedFlags {
+        self.flags
+    }
+
+    /// The host address, for calls this crate does not wrap.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr
+    }
+
+    /// Reads the contents, after any device write into it has finished.
+    ///
+    /// # Errors
+    /// The runtime's error while waiting.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.fence.wait_writes()?;
+        // SAFETY: `ptr` is valid and initialized for `len` values; no stream
+        // writes it (fence waited), and new writes need `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
+    }
+
+    /// Mutable access, after every stream has finished with the buffer.
+    ///
+    /// # Errors
+    /// The runtime's error while waiting.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.fence.wait_all()?;
+        // SAFETY: valid and initialized for `len` values; exclusively borrowed;
+        // no stream uses it (fence waited) and none can start meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+    }
+
+    /// A view of `range` that copies can read.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<PinnedSlice<'_, T>> {
+        let r = to_range(range, self.len, "PinnedBuffer::slice")?;
+        Ok(PinnedSlice { ptr: self.ptr.wrapping_add(r.start), len: r.len(), fence: &self.fence, _p: PhantomData })
+    }
+
+    /// A view of `range` that copies can write.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<PinnedSliceMut<'_, T>> {
+        let r = to_range(range, self.len, "PinnedBuffer::slice_mut")?;
+        Ok(PinnedSliceMut { ptr: self.ptr.wrapping_add(r.start), len: r.len(), fence: &self.fence, _p: PhantomData })
+    }
+}
+
+impl<T: Pod> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        if self.len == 0 || size_of::<T>() == 0 {
+            return;
+        }
+        if self.fence.wait_all().is_err() {
+            return; // a copy may still use it: leak rather than free (see DeviceBuffer)
+        }
+        // SAFETY: we own the allocation and no stream uses it any more.
+        let _ = unsafe { raw::free_host(self.ptr.cast()) };
+    }
+}
+
+/// A read-only view of part of a [`PinnedBuffer`] or of registered memory.
+pub struct PinnedSlice<'a, T: Pod> {
+    ptr: *const T,
+    len: usize,
+    fence: &'a Fence,
+    _p: PhantomData<&'a [T]>,
+}
+
+/// A writable view of part of a [`PinnedBuffer`].
+pub struct PinnedSliceMut<'a, T: Pod> {
+    ptr: *mut T,
+    len: usize,
+    fence: &'a Fence,
+    _p: PhantomData<&'a mut [T]>,
+}
+
+impl<T: Pod> PinnedSlice<'_, T> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<T: Pod> sealed::Sealed for PinnedBuffer<T> {}
+impl<T: Pod> sealed::Sealed for PinnedSlice<'_, T> {}
+impl<T: Pod> sealed::Sealed for PinnedSliceMut<'_, T> {}
+
+impl<T: Pod> HostSource<T> for PinnedBuffer<T> {
+    fn host_src(&self) -> (*const T, usize, &Fence) {
+        (self.ptr, self.len, &self.fence)
+    }
+}
+impl<T: Pod> HostSink<T> for PinnedBuffer<T> {
+    fn host_dst(&mut self) -> (*mut T, usize, &Fence) {
+        (self.ptr, self.len, &self.fence)
+    }
+}
+impl<T: Pod> HostSource<T> for PinnedSlice<'_, T> {
+    fn host_src(&self) -> (*const T, usize, &Fence) {
+        (self.ptr, self.len, self.fence)
+    }
+}
+impl<T: Pod> HostSink<T> for PinnedSliceMut<'_, T> {
+    fn host_dst(&mut self) -> (*mut T, usize, &Fence) {
+        (self.ptr, self.len, self.fence)
+    }
+}
+
+// ---------------------------------------------------------------- registered memory
+
+/// Host memory that can be registered: a stable address range that its owner
+/// keeps mapped for as long as the owner lives.
+///
+/// # Safety
+/// `as_ptr()..as_ptr() + len()` must be mapped and keep the same address and
+/// contents' validity for the whole life of the value (moving the value must
+/// not move the memory), and nothing may write it while a `HostRegistration`
+/// owns the value, except through the registration's sinks when not read-only.
+pub unsafe trait HostMemory: Send + Sync {
+    /// Start of the range.
+    fn as_ptr(&self) -> *const u8;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// True when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a boxed slice's heap memory does not move with the box, and the
+// registration owning it is the only one who can reach it.
+unsafe impl HostMemory for Box<[u8]> {
+    fn as_ptr(&self) -> *const u8 {
+        <[u8]>::as_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+/// Flags for [`HostRegistration::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegisterFlags {
+    /// Registered for every device (several GPUs).
+    pub portable: bool,
+    /// Mapped into the device address space.
+    pub mapped: bool,
+    /// The device only reads it. Required for read-only and file mappings
+    /// (`PROT_READ` + `MAP_SHARED`): without it CUDA answers `cudaErrorInvalidValue`.
+    pub read_only: bool,
+}
+
+impl RegisterFlags {
+    /// The raw `cudaHostRegister*` bits.
+    pub fn bits(self) -> u32 {
+        let mut b = cuda_sys::cudaHostRegisterDefault;
+        if self.portable {
+            b |= cuda_sys::cudaHostRegisterPortable;
+        }
+        if self.mapped {
+            b |= cuda_sys::cudaHostRegisterMapped;
+        }
+        if self.read_only {
+            b |= cuda_sys::cudaHostRegisterReadOnly;
+        }
+        b
+    }
+}
+
+/// Host memory `M` registered with CUDA (`cudaHostRegister`) for as long as
+/// this value owns it: copies from it run at the line rate, asynchronously.
+///
+/// It *owns* the memory (ownership passing): leaking the registration leaks
+/// the memory too, so a copy can never outlive what it reads. `Drop` waits for
+/// every stream still reading it, unregisters, then drops `M`.
+///
+/// ```no_run
+/// # fn main() -> cuda_safe::Result<()> {
+/// use cuda_safe::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
+/// let dev = Device::get(0)?;
+/// let data: Box<[u8]> = vec![1u8; 1 << 20].into_boxed_slice();
+/// let reg = HostRegistration::new(data, RegisterFlags::default())?;
+/// let mut d = DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+/// Stream::new(&dev)?.copy_to_device(&reg, &mut d)?.wait()?;
+/// let data = reg.into_inner()?; // unregistered, yours again
+/// # let _ = data; Ok(()) }
+/// ```
+pub struct HostRegistration<M: HostMemory> {
+    mem: std::mem::ManuallyDrop<M>,
+    ptr: *const u8,
+    len: usize,
+    flags: RegisterFlags,
+    fence: Fence,
+}
+
+// SAFETY: M is Send + Sync; the pointer is into memory M owns.
+unsafe impl<M: HostMemory> Send for HostRegistration<M> {}
+// SAFETY: shared access only reads the memory.
+unsafe impl<M: HostMemory> Sync for HostRegistration<M> {}
+
+impl<M: HostMemory> std::fmt::Debug for HostRegistration<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRegistration").field("ptr", &self.ptr).field("len", &self.len).field("flags", &self.flags).finish()
+    }
+}
+
+impl<M: HostMemory> HostRegistration<M> {
+    /// Registers all of `mem`. On error `mem` is dropped; use
+    /// [`HostRegistration::try_new`] to get it back.
+    ///
+    /// # Errors
+    /// `cudaErrorInvalidValue` (e.g. a read-only mapping without `read_only`),
+    /// `cudaErrorHostMemoryAlreadyRegistered`, or [`Error::InvalidArgument`] when empty.
+    pub fn new(mem: M, flags: RegisterFlags) -> Result<Self> {
+        Self::try_new(mem, flags).map_err(|(e, _)| e)
+    }
+
+    /// Registers all of `mem`, handing it back with the error on failure.
+    ///
+    /// # Errors
+    /// As [`HostRegistration::new`].
+    pub fn try_new(mem: M, flags: RegisterFlags) -> std::result::Result<Self, (Error, M)> {
+        let (ptr, len) = (mem.as_ptr(), mem.len());
+        if len == 0 {
+            return Err((Error::invalid("HostRegistration::new", "cannot register an empty range"), mem));
+        }
+        // SAFETY: `HostMemory` guarantees the range is mapped while `mem`
+        // lives; we keep `mem` until after unregistering.
+        if let Err(e) = unsafe { raw::host_register(ptr.cast_mut().cast(), len, flags.bits()) } {
+            raw::clear_last_error();
+            return Err((e, mem));
+        }
+        Ok(HostRegistration { mem: std::mem::ManuallyDrop::new(mem), ptr, len, flags, fence: Fence::default() })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty (never: empty ranges are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The flags it was registered with.
+    pub fn flags(&self) -> RegisterFlags {
+        self.flags
+    }
+
+    /// The memory it owns (reading it from the host is always fine: the device
+    /// only reads registered memory through this type).
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    /// The registered bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `HostMemory` guarantees the range is mapped and valid while
+        // `mem` lives, and no one writes it while we own `mem`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// A view of byte `range` that copies can read.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<PinnedSlice<'_, u8>> {
+        let r = to_range(range, self.len, "HostRegistration::slice")?;
+        Ok(PinnedSlice { ptr: self.ptr.wrapping_add(r.start), len: r.len(), fence: &self.fence, _p: PhantomData })
+    }
+
+    /// Waits for every stream reading it, unregisters, and returns the memory.
+    ///
+    /// # Errors
+    /// The runtime's error; the registration is then kept (and leaked if dropped
+    /// while a stream may still read it).
+    pub fn into_inner(mut self) -> Result<M> {
+        self.release()?;
+        // SAFETY: released: `mem` is taken out once and `self` is forgotten
+        // so Drop does not touch it again.
+        let mem = unsafe { std::mem::ManuallyDrop::take(&mut self.mem) };
+        std::mem::forget(self);
+        Ok(mem)
+    }
+
+    fn release(&mut self) -> Result<()> {
+        self.fence.wait_all()?;
+        // SAFETY: we registered `ptr`; no stream reads it any more.
+        unsafe { raw::host_unregister(self.ptr.cast_mut().cast()) }
+    }
+}
+
+impl<M: HostMemory> Drop for HostRegistration<M> {
+    fn drop(&mut self) {
+        if self.release().is_ok() {
+            // SAFETY: dropped once, here, after unregistering.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.mem) };
+        }
+        // Otherwise the memory is leaked: a copy might still read it.
+    }
+}
+
+impl<M: HostMemory> sealed::Sealed for HostRegistration<M> {}
+impl<M: HostMemory> HostSource<u8> for HostRegistration<M> {
+    fn host_src(&self) -> (*const u8, usize, &Fence) {
+        (self.ptr, self.len, &self.fence)
+    }
+}
+
+// ---------------------------------------------------------------- copies
+
+fn same_len(call: &'static str, a: usize, b: usize) -> Result<()> {
+    if a != b {
+        return Err(Error::invalid(call, format!("source has {a} values, destination {b}")));
+    }
+    Ok(())
+}
+
+fn same_device(call: &'static str, stream: &Stream, d: Device) -> Result<()> {
+    if stream.device() != d {
+        return Err(Error::invalid(
+            call,
+            format!("buffer is on device {} but the stream on device {}", d.ordinal(), stream.device().ordinal()),
+        ));
+    }
+    Ok(())
+}
+
+impl Stream {
+    /// Copies pinned or registered host memory to the device, asynchronously.
+    /// Lengths must match. The returned [`Pending`] borrows both until waited.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] on a length or device mismatch; the runtime's error.
+    pub fn copy_to_device<'a, T: Pod>(
+        &self,
+        src: &'a (impl HostSource<T> + ?Sized),
+        dst: &'a mut (impl DeviceSink<T> + ?Sized),
+    ) -> Result<Pending<'a>> {
+        let (s, n, sf) = src.host_src();
+        let (d, m, df, dev) = dst.device_dst();
+        same_len("Stream::copy_to_device", n, m)?;
+        same_device("Stream::copy_to_device", self, dev)?;
+        let bytes = n * size_of::<T>();
+        self.enqueue(&[sf], &[df], |raw_stream| {
+            if bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: source is pinned/registered host memory valid for `bytes`,
+            // kept alive and unwritten by its owner until the fence clears;
+            // destination is device memory of this stream's device, ordered by
+            // its fence.
+            unsafe { raw::memcpy_async(d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyHostToDevice, raw_stream) }
+        })
+    }
+
+    /// Copies device memory to pinned host memory, asynchronously.
+    ///
+    /// # Errors
+    /// As [`Stream::copy_to_device`].
+    pub fn copy_to_host<'a, T: Pod>(
+        &self,
+        src: &'a (impl DeviceSource<T> + ?Sized),
+        dst: &'a mut (impl HostSink<T> + ?Sized),
+    ) -> Result<Pending<'a>> {
+        let (s, n, sf, dev) = src.device_src();
+        let (d, m, df) = dst.host_dst();
+        same_len("Stream::copy_to_host", n, m)?;
+        same_device("Stream::copy_to_host", self, dev)?;
+        let bytes = n * size_of::<T>();
+        self.enqueue(&[sf], &[df], |raw_stream| {
+            if bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: as in copy_to_device, with the pinned buffer written: no
+            // host access to it until its fence clears.
+            unsafe { raw::memcpy_async(d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyDeviceToHost, raw_stream) }
+        })
+    }
+
+    /// Copies between two device buffers of this stream's device, asynchronously.
+    ///
+    /// # Errors
+    /// As [`Stream::copy_to_device`].
+    pub fn copy_device_to_device<'a, T: Pod>(
+        &self,
+        src: &'a (impl DeviceSource<T> + ?Sized),
+        dst: &'a mut (impl DeviceSink<T> + ?Sized),
+    ) -> Result<Pending<'a>> {
+        let (s, n, sf, sdev) = src.device_src();
+        let (d, m, df, ddev) = dst.device_dst();
+        same_len("Stream::copy_device_to_device", n, m)?;
+        same_device("Stream::copy_device_to_device", self, sdev)?;
+        same_device("Stream::copy_device_to_device", self, ddev)?;
+        let bytes = n * size_of::<T>();
+        self.enqueue(&[sf], &[df], |raw_stream| {
+            if bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: both ranges are device memory of this device, ordered by fences.
+            unsafe { raw::memcpy_async(d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyDeviceToDevice, raw_stream) }
+        })
+    }
+
+    /// Sets every byte of device memory to `byte`, asynchronously.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] on a device mismatch; the runtime's error.
+    pub fn memset<'a, T: Pod>(&self, dst: &'a mut (impl DeviceSink<T> + ?Sized), byte: u8) -> Result<Pending<'a>> {
+        let (d, n, df, dev) = dst.device_dst();
+        same_device("Stream::memset", self, dev)?;
+        let bytes = n * size_of::<T>();
+        self.enqueue(&[], &[df], |raw_stream| {
+            if bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: device memory of this device, ordered by its fence.
+            unsafe { raw::memset_async(d.cast::<c_void>(), byte, bytes, raw_stream) }
+        })
+    }
+}
+
+/// What the runtime knows of a host or device address: `(memory type, device)`,
+/// memory type 0 unregistered, 1 host (pinned or registered), 2 device, 3 managed.
+///
+/// # Errors
+/// The runtime's error.
+pub fn pointer_kind(p: *const c_void) -> Result<(u32, i32)> {
+    raw::pointer_attributes(p)
+}
+
+/// The `cudaHostAlloc`/`cudaHostRegister` flags of pinned or registered memory at `p`.
+///
+/// # Errors
+/// `cudaErrorInvalidValue` for memory that is neither.
+pub fn host_flags(p: *const c_void) -> Result<u32> {
+    raw::host_get_flags(p)
+}
+
+/// The device address of mapped pinned or registered memory at `p`.
+///
+/// # Errors
+/// `cudaErrorInvalidValue` for memory that is not mapped.
+pub fn host_device_pointer(p: *const c_void) -> Result<*mut c_void> {
+    raw::host_get_device_pointer(p)
+}

@@ -1,0 +1,323 @@
+//! The result layer: each CUDA runtime call this crate makes, wrapped to return
+//! [`Result`]. This module and `memory.rs` hold the crate's `unsafe` code; the
+//! rest is written against these functions.
+//!
+//! Functions whose arguments are plain values are safe. Functions taking host
+//! or device addresses are `unsafe`: the caller vouches for the memory.
+
+use crate::error::{Error, Result};
+use cuda_sys::{Api, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaStream_t};
+use std::ffi::{c_int, c_uint, c_void};
+
+/// The loaded runtime's function table.
+pub(crate) fn api() -> Result<&'static Api> {
+    Ok(cuda_sys::runtime()?.api())
+}
+
+#[inline]
+pub(crate) fn check(call: &'static str, code: cudaError_t) -> Result<()> {
+    if code == cudaError::cudaSuccess { Ok(()) } else { Err(Error::cuda(call, code)) }
+}
+
+pub(crate) fn device_count() -> Result<i32> {
+    let api = api()?;
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid place for the count.
+    check("cudaGetDeviceCount", unsafe { (api.cudaGetDeviceCount)(&mut n) })?;
+    Ok(n)
+}
+
+pub(crate) fn driver_version() -> Result<i32> {
+    let api = api()?;
+    let mut v: c_int = 0;
+    // SAFETY: `v` is a valid place for the version.
+    check("cudaDriverGetVersion", unsafe { (api.cudaDriverGetVersion)(&mut v) })?;
+    Ok(v)
+}
+
+pub(crate) fn set_device(ordinal: i32) -> Result<()> {
+    let api = api()?;
+    // SAFETY: plain value argument; CUDA validates the ordinal.
+    check("cudaSetDevice", unsafe { (api.cudaSetDevice)(ordinal) })
+}
+
+pub(crate) fn device_attribute(attr: cudaDeviceAttr, ordinal: i32) -> Result<i32> {
+    let api = api()?;
+    let mut v: c_int = 0;
+    // SAFETY: `v` is a valid place for the value.
+    check("cudaDeviceGetAttribute", unsafe { (api.cudaDeviceGetAttribute)(&mut v, attr, ordinal) })?;
+    Ok(v)
+}
+
+pub(crate) fn device_name(ordinal: i32) -> Result<String> {
+    let api = api()?;
+    let mut buf = Box::new(cuda_sys::DevicePropBuffer::new());
+    // SAFETY: the buffer is as large and aligned as the cudaDeviceProp of either
+    // supported major version (cuda-sys asserts it); the loader resolved the
+    // symbol matching the loaded version.
+    check("cudaGetDeviceProperties", unsafe {
+        (api.cudaGetDeviceProperties)(buf.0.as_mut_ptr().cast(), ordinal)
+    })?;
+    Ok(buf.name())
+}
+
+pub(crate) fn mem_info() -> Result<(usize, usize)> {
+    let api = api()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid places for both values.
+    check("cudaMemGetInfo", unsafe { (api.cudaMemGetInfo)(&mut free, &mut total) })?;
+    Ok((free, total))
+}
+
+pub(crate) fn device_synchronize() -> Result<()> {
+    let api = api()?;
+    // SAFETY: no arguments.
+    check("cudaDeviceSynchronize", unsafe { (api.cudaDeviceSynchronize)() })
+}
+
+pub(crate) fn stream_priority_range() -> Result<(i32, i32)> {
+    let api = api()?;
+    let (mut least, mut greatest) = (0, 0);
+    // SAFETY: valid places for both values.
+    check("cudaDeviceGetStreamPriorityRange", unsafe {
+        (api.cudaDeviceGetStreamPriorityRange)(&mut least, &mut greatest)
+    })?;
+    Ok((least, greatest))
+}
+
+pub(crate) fn malloc(bytes: usize) -> Result<*mut c_void> {
+    let api = api()?;
+    let mut p = std::ptr::null_mut();
+    // SAFETY: `p` is a valid place for the pointer.
+    check("cudaMalloc", unsafe { (api.cudaMalloc)(&mut p, bytes) })?;
+    Ok(p)
+}
+
+/// # Safety
+/// `p` is null or a live `cudaMalloc` pointer that nothing uses any more.
+pub(crate) unsafe fn free(p: *mut c_void) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaFree", unsafe { (api.cudaFree)(p) })
+}
+
+pub(crate) fn host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
+    let api = api()?;
+    let mut p = std::ptr::null_mut();
+    // SAFETY: `p` is a valid place for the pointer.
+    check("cudaHostAlloc", unsafe { (api.cudaHostAlloc)(&mut p, bytes, flags as c_uint) })?;
+    Ok(p)
+}
+
+/// # Safety
+/// `p` is a live `cudaHostAlloc` pointer that nothing uses any more.
+pub(crate) unsafe fn free_host(p: *mut c_void) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaFreeHost", unsafe { (api.cudaFreeHost)(p) })
+}
+
+/// # Safety
+/// `[p, p + bytes)` is mapped memory that stays mapped until it is unregistered.
+pub(crate) unsafe fn host_register(p: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaHostRegister", unsafe { (api.cudaHostRegister)(p, bytes, flags as c_uint) })
+}
+
+/// # Safety
+/// `p` starts a registration that no in-flight operation uses.
+pub(crate) unsafe fn host_unregister(p: *mut c_void) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaHostUnregister", unsafe { (api.cudaHostUnregister)(p) })
+}
+
+pub(crate) fn host_get_flags(p: *const c_void) -> Result<u32> {
+    let api = api()?;
+    let mut f: c_uint = 0;
+    // SAFETY: the runtime only looks the address up; `f` is a valid place.
+    check("cudaHostGetFlags", unsafe { (api.cudaHostGetFlags)(&mut f, p.cast_mut()) })?;
+    Ok(f)
+}
+
+pub(crate) fn host_get_device_pointer(p: *const c_void) -> Result<*mut c_void> {
+    let api = api()?;
+    let mut d = std::ptr::null_mut();
+    // SAFETY: the runtime only looks the address up; `d` is a valid place.
+    check("cudaHostGetDevicePointer", unsafe { (api.cudaHostGetDevicePointer)(&mut d, p.cast_mut(), 0) })?;
+    Ok(d)
+}
+
+/// What the runtime knows of an address: `(memory type, device)`.
+pub(crate) fn pointer_attributes(p: *const c_void) -> Result<(u32, i32)> {
+    let api = api()?;
+    let mut a = cuda_sys::cudaPointerAttributes::default();
+    // SAFETY: `a` is the larger (CUDA 13) layout, valid for either version; the
+    // runtime only looks the address up.
+    check("cudaPointerGetAttributes", unsafe { (api.cudaPointerGetAttributes)(&mut a, p) })?;
+    Ok((a.type_.0, a.device))
+}
+
+/// # Safety
+/// `dst` and `src` are valid for `bytes` bytes as `kind` says, and no other
+/// access to `dst` races with the copy.
+pub(crate) unsafe fn memcpy(dst: *mut c_void, src: *const c_void, bytes: usize, kind: cudaMemcpyKind) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaMemcpy", unsafe { (api.cudaMemcpy)(dst, src, bytes, kind) })
+}
+
+/// # Safety
+/// As [`memcpy`], for the whole time until the stream reaches the copy.
+pub(crate) unsafe fn memcpy_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaMemcpyAsync", unsafe { (api.cudaMemcpyAsync)(dst, src, bytes, kind, stream) })
+}
+
+/// # Safety
+/// `dst` is device memory valid for `bytes` that no stream uses.
+pub(crate) unsafe fn memset(dst: *mut c_void, value: u8, bytes: usize) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaMemset", unsafe { (api.cudaMemset)(dst, c_int::from(value), bytes) })
+}
+
+/// # Safety
+/// `dst` is device memory valid for `bytes` until the stream reaches the memset.
+pub(crate) unsafe fn memset_async(dst: *mut c_void, value: u8, bytes: usize, stream: cudaStream_t) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaMemsetAsync", unsafe { (api.cudaMemsetAsync)(dst, c_int::from(value), bytes, stream) })
+}
+
+pub(crate) fn stream_create(flags: u32, priority: i32) -> Result<cudaStream_t> {
+    let api = api()?;
+    let mut s = std::ptr::null_mut();
+    // SAFETY: `s` is a valid place for the handle.
+    check("cudaStreamCreateWithPriority", unsafe {
+        (api.cudaStreamCreateWithPriority)(&mut s, flags as c_uint, priority)
+    })?;
+    Ok(s)
+}
+
+/// # Safety
+/// `s` is a live stream handle that is not used again.
+pub(crate) unsafe fn stream_destroy(s: cudaStream_t) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaStreamDestroy", unsafe { (api.cudaStreamDestroy)(s) })
+}
+
+/// # Safety
+/// `s` is a live stream handle (or null, the legacy stream).
+pub(crate) unsafe fn stream_synchronize(s: cudaStream_t) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaStreamSynchronize", unsafe { (api.cudaStreamSynchronize)(s) })
+}
+
+/// `Ok(true)` when idle.
+///
+/// # Safety
+/// `s` is a live stream handle.
+pub(crate) unsafe fn stream_query(s: cudaStream_t) -> Result<bool> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    let code = unsafe { (api.cudaStreamQuery)(s) };
+    if code == cudaError::cudaErrorNotReady {
+        return Ok(false);
+    }
+    check("cudaStreamQuery", code).map(|()| true)
+}
+
+/// # Safety
+/// `s` and `e` are live handles.
+pub(crate) unsafe fn stream_wait_event(s: cudaStream_t, e: cudaEvent_t) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaStreamWaitEvent", unsafe { (api.cudaStreamWaitEvent)(s, e, 0) })
+}
+
+/// # Safety
+/// `s` is a live stream; `f(data)` is sound to call once, on any thread.
+pub(crate) unsafe fn launch_host_func(
+    s: cudaStream_t,
+    f: unsafe extern "C" fn(*mut c_void),
+    data: *mut c_void,
+) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaLaunchHostFunc", unsafe { (api.cudaLaunchHostFunc)(s, Some(f), data) })
+}
+
+pub(crate) fn event_create(flags: u32) -> Result<cudaEvent_t> {
+    let api = api()?;
+    let mut e = std::ptr::null_mut();
+    // SAFETY: `e` is a valid place for the handle.
+    check("cudaEventCreateWithFlags", unsafe { (api.cudaEventCreateWithFlags)(&mut e, flags as c_uint) })?;
+    Ok(e)
+}
+
+/// # Safety
+/// `e` is a live event handle that is not used again.
+pub(crate) unsafe fn event_destroy(e: cudaEvent_t) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaEventDestroy", unsafe { (api.cudaEventDestroy)(e) })
+}
+
+/// # Safety
+/// `e` and `s` are live handles of the same device.
+pub(crate) unsafe fn event_record(e: cudaEvent_t, s: cudaStream_t) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaEventRecord", unsafe { (api.cudaEventRecord)(e, s) })
+}
+
+/// `Ok(true)` when complete.
+///
+/// # Safety
+/// `e` is a live event handle.
+pub(crate) unsafe fn event_query(e: cudaEvent_t) -> Result<bool> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    let code = unsafe { (api.cudaEventQuery)(e) };
+    if code == cudaError::cudaErrorNotReady {
+        return Ok(false);
+    }
+    check("cudaEventQuery", code).map(|()| true)
+}
+
+/// # Safety
+/// `e` is a live event handle.
+pub(crate) unsafe fn event_synchronize(e: cudaEvent_t) -> Result<()> {
+    let api = api()?;
+    // SAFETY: the caller's contract.
+    check("cudaEventSynchronize", unsafe { (api.cudaEventSynchronize)(e) })
+}
+
+/// # Safety
+/// Both are live event handles.
+pub(crate) unsafe fn event_elapsed(start: cudaEvent_t, end: cudaEvent_t) -> Result<f32> {
+    let api = api()?;
+    let mut ms = 0f32;
+    // SAFETY: the caller's contract; `ms` is a valid place.
+    check("cudaEventElapsedTime", unsafe { (api.cudaEventElapsedTime)(&mut ms, start, end) })?;
+    Ok(ms)
+}
+
+/// Clears this thread's last error (after an error the crate already reported).
+pub(crate) fn clear_last_error() {
+    if let Ok(api) = api() {
+        // SAFETY: no arguments.
+        unsafe { (api.cudaGetLastError)() };
+    }
+}

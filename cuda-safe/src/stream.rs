@@ -1,0 +1,562 @@
+//! Streams, events, fences and pending operations.
+//!
+//! Every stream counts the operations it was given (`submitted`) and remembers
+//! how far it is known to have finished (`completed`). A [`Fence`] inside each
+//! buffer records, per stream, the last operation that read or wrote it. That
+//! is enough to (a) make host access and `Drop` wait for exactly the streams
+//! that still use a buffer, and (b) make an operation on one stream wait for
+//! another stream's use of the same buffer, with an event recorded only then.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::raw;
+use cuda_sys::{cudaEvent_t, cudaStream_t};
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) struct StreamInner {
+    raw: cudaStream_t,
+    device: Device,
+    owned: bool,
+    /// Operations enqueued so far; an operation's number is the value after it.
+    submitted: AtomicU64,
+    /// Every operation numbered up to this is known to have finished.
+    completed: AtomicU64,
+    /// An event re-recorded whenever another stream must wait for this one.
+    cross: Mutex<Option<cudaEvent_t>>,
+}
+
+// SAFETY: CUDA stream and event handles may be used from any host thread; the
+// mutable state is atomics and a mutex.
+unsafe impl Send for StreamInner {}
+// SAFETY: as above.
+unsafe impl Sync for StreamInner {}
+
+impl StreamInner {
+    fn is_done(&self, seq: u64) -> bool {
+        self.completed.load(Ordering::Acquire) >= seq
+    }
+
+    /// Blocks until operation `seq` has finished.
+    pub(crate) fn wait_for(&self, seq: u64) -> Result<()> {
+        if self.is_done(seq) {
+            return Ok(());
+        }
+        let target = self.submitted.load(Ordering::Acquire);
+        self.device.make_current()?;
+        // SAFETY: `raw` is live while `self` is.
+        unsafe { raw::stream_synchronize(self.raw) }?;
+        self.completed.fetch_max(target, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Makes later work on `self` wait for operation `seq` of `other`.
+    fn order_after(&self, other: &StreamInner, seq: u64) -> Result<()> {
+        if std::ptr::eq(self, other) || other.is_done(seq) {
+            return Ok(()); // a stream runs its work in order
+        }
+        let mut cross = lock(&other.cross);
+        other.device.make_current()?;
+        let ev = match *cross {
+            Some(e) => e,
+            None => {
+                let e = raw::event_create(cuda_sys::cudaEventDisableTiming)?;
+                *cross = Some(e);
+                e
+            }
+        };
+        // SAFETY: `ev` and both streams are live; `ev` belongs to other's device.
+        unsafe { raw::event_record(ev, other.raw) }?;
+        self.device.make_current()?;
+        // SAFETY: as above; CUDA allows waiting on an event of another device.
+        unsafe { raw::stream_wait_event(self.raw, ev) }
+    }
+
+    /// Runs `enqueue` (one CUDA call on this stream) and numbers it.
+    fn submit(&self, enqueue: impl FnOnce(cudaStream_t) -> Result<()>) -> Result<u64> {
+        self.device.make_current()?;
+        enqueue(self.raw)?;
+        Ok(self.submitted.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        let _ = self.device.make_current();
+        if let Some(e) = lock(&self.cross).take() {
+            // SAFETY: the event is ours and no longer used.
+            let _ = unsafe { raw::event_destroy(e) };
+        }
+        if self.owned {
+            // SAFETY: the stream is ours; nothing refers to it any more (fences
+            // hold this Arc). CUDA finishes queued work before releasing it.
+            let _ = unsafe { raw::stream_destroy(self.raw) };
+        }
+    }
+}
+
+/// One use of a buffer by a stream: operation `seq` of `stream`.
+#[derive(Clone)]
+struct Use {
+    stream: Arc<StreamInner>,
+    seq: u64,
+}
+
+#[derive(Default)]
+struct FenceState {
+    write: Option<Use>,
+    reads: Vec<Use>,
+}
+
+/// The record of which stream operations still use a buffer. Every buffer owns
+/// one; host access and `Drop` wait on it, and operations on other streams are
+/// ordered after it. It is what keeps the crate sound when values are leaked:
+/// nothing relies on a guard's `Drop` running.
+#[derive(Default)]
+pub struct Fence {
+    state: Mutex<FenceState>,
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = lock(&self.state);
+        f.debug_struct("Fence").field("writes", &s.write.is_some()).field("reads", &s.reads.len()).finish()
+    }
+}
+
+impl Fence {
+    /// Blocks until no stream writes the buffer any more (host reads may go on).
+    pub(crate) fn wait_writes(&self) -> Result<()> {
+        let w = lock(&self.state).write.clone();
+        if let Some(u) = w {
+            u.stream.wait_for(u.seq)?;
+            let mut s = lock(&self.state);
+            if s.write.as_ref().is_some_and(|x| Arc::ptr_eq(&x.stream, &u.stream) && x.seq <= u.seq) {
+                s.write = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks until no stream uses the buffer at all.
+    pub(crate) fn wait_all(&self) -> Result<()> {
+        self.wait_writes()?;
+        let reads = std::mem::take(&mut lock(&self.state).reads);
+        for (i, u) in reads.iter().enumerate() {
+            if let Err(e) = u.stream.wait_for(u.seq) {
+                lock(&self.state).reads.extend(reads[i..].iter().cloned());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// True when no stream uses the buffer (by what is known without asking CUDA).
+    pub fn is_idle(&self) -> bool {
+        let s = lock(&self.state);
+        s.write.as_ref().is_none_or(|u| u.stream.is_done(u.seq)) && s.reads.iter().all(|u| u.stream.is_done(u.seq))
+    }
+
+    fn order_read(&self, on: &StreamInner) -> Result<()> {
+        let w = lock(&self.state).write.clone();
+        match w {
+            Some(u) => on.order_after(&u.stream, u.seq),
+            None => Ok(()),
+        }
+    }
+
+    fn order_write(&self, on: &StreamInner) -> Result<()> {
+        let (w, reads) = {
+            let s = lock(&self.state);
+            (s.write.clone(), s.reads.clone())
+        };
+        if let Some(u) = w {
+            on.order_after(&u.stream, u.seq)?;
+        }
+        for u in reads {
+            on.order_after(&u.stream, u.seq)?;
+        }
+        Ok(())
+    }
+
+    fn note_read(&self, stream: &Arc<StreamInner>, seq: u64) {
+        let mut s = lock(&self.state);
+        s.reads.retain(|u| !u.stream.is_done(u.seq) && !Arc::ptr_eq(&u.stream, stream));
+        s.reads.push(Use { stream: stream.clone(), seq });
+    }
+
+    fn note_write(&self, stream: &Arc<StreamInner>, seq: u64) {
+        let mut s = lock(&self.state);
+        s.reads.clear();
+        s.write = Some(Use { stream: stream.clone(), seq });
+    }
+}
+
+/// Options for [`Stream::with_options`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamOptions {
+    /// A non-blocking stream does not synchronize with the legacy default stream
+    /// (recommended: the default for [`Stream::new`]).
+    pub non_blocking: bool,
+    /// Priority; lower numbers are higher priority. See [`Device::stream_priority_range`].
+    pub priority: i32,
+}
+
+/// A CUDA stream: work given to it runs in order, asynchronously to the host.
+///
+/// Cloning gives another handle to the same stream. A `Stream` may be sent to
+/// and shared between threads; it makes its device current for every call.
+///
+/// ```no_run
+/// # fn main() -> cuda_safe::Result<()> {
+/// use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
+/// let dev = Device::get(0)?;
+/// let stream = Stream::new(&dev)?;
+/// let mut host = PinnedBuffer::<f32>::new(1 << 20)?;
+/// host.as_mut_slice()?.fill(1.5);
+/// let mut on_gpu = DeviceBuffer::<f32>::new(&dev, 1 << 20)?;
+/// let copy = stream.copy_to_device(&host, &mut on_gpu)?; // asynchronous
+/// copy.wait()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("raw", &self.inner.raw).field("device", &self.inner.device).finish()
+    }
+}
+
+impl Stream {
+    /// A new non-blocking stream on `device` with default priority.
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn new(device: &Device) -> Result<Stream> {
+        Stream::with_options(device, StreamOptions { non_blocking: true, priority: 0 })
+    }
+
+    /// A new stream with explicit options.
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn with_options(device: &Device, options: StreamOptions) -> Result<Stream> {
+        device.make_current()?;
+        let flags = if options.non_blocking { cuda_sys::cudaStreamNonBlocking } else { cuda_sys::cudaStreamDefault };
+        let raw = raw::stream_create(flags, options.priority)?;
+        Ok(Stream::wrap(raw, *device, true))
+    }
+
+    fn wrap(raw: cudaStream_t, device: Device, owned: bool) -> Stream {
+        Stream {
+            inner: Arc::new(StreamInner {
+                raw,
+                device,
+                owned,
+                submitted: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
+                cross: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Wraps a stream made elsewhere (another crate, or the legacy stream as
+    /// null). With `owned`, it is destroyed when the last handle goes.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of `device` (or null) and stays live while this
+    /// value or a buffer used on it exists; with `owned`, nothing else destroys it.
+    pub unsafe fn from_raw(raw: cudaStream_t, device: Device, owned: bool) -> Stream {
+        Stream::wrap(raw, device, owned)
+    }
+
+    /// The raw handle, for calls this crate does not wrap. Work enqueued through
+    /// it is not tracked by the fences of this crate's buffers.
+    pub fn as_raw(&self) -> cudaStream_t {
+        self.inner.raw
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// Blocks until all work given so far has finished.
+    ///
+    /// # Errors
+    /// The runtime's error, including errors of earlier asynchronous work.
+    pub fn synchronize(&self) -> Result<()> {
+        let target = self.inner.submitted.load(Ordering::Acquire);
+        self.inner.device.make_current()?;
+        // SAFETY: the stream is live while `self` is.
+        unsafe { raw::stream_synchronize(self.inner.raw) }?;
+        self.inner.completed.fetch_max(target, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// True when all work given so far has finished.
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn query(&self) -> Result<bool> {
+        let target = self.inner.submitted.load(Ordering::Acquire);
+        // SAFETY: the stream is live while `self` is.
+        let idle = unsafe { raw::stream_query(self.inner.raw) }?;
+        if idle {
+            self.inner.completed.fetch_max(target, Ordering::AcqRel);
+        }
+        Ok(idle)
+    }
+
+    /// Makes later work on this stream wait for the latest record of `event`.
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.inner.device.make_current()?;
+        // SAFETY: both handles are live while borrowed.
+        unsafe { raw::stream_wait_event(self.inner.raw, event.raw) }
+    }
+
+    /// Records `event` here: it completes when the work given so far has.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an event of another device; the runtime's error.
+    pub fn record(&self, event: &Event) -> Result<()> {
+        if event.device != self.inner.device {
+            return Err(Error::invalid("Stream::record", "the event belongs to another device"));
+        }
+        let seq = self.inner.submit(|s| {
+            // SAFETY: both handles are live and of the same device.
+            unsafe { raw::event_record(event.raw, s) }
+        })?;
+        *lock(&event.recorded) = Some(Use { stream: self.inner.clone(), seq });
+        Ok(())
+    }
+
+    /// Runs `f` on a runtime thread once the work given so far has finished, in
+    /// stream order. `f` must not call CUDA (the runtime forbids it and may
+    /// deadlock). If the context is lost before it runs, `f` is leaked, not run.
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_safe::Result<()> {
+    /// let stream = cuda_safe::Stream::new(&cuda_safe::Device::get(0)?)?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// stream.launch_host_fn(move || { let _ = tx.send("done"); })?;
+    /// assert_eq!(rx.recv().unwrap(), "done");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The runtime's error; `f` is then dropped without running.
+    pub fn launch_host_fn<F: FnOnce() + Send + 'static>(&self, f: F) -> Result<()> {
+        unsafe extern "C" fn trampoline<F: FnOnce() + Send + 'static>(data: *mut c_void) {
+            // SAFETY: `data` is the `Box<F>` leaked below, handed over exactly once.
+            let f = unsafe { Box::from_raw(data.cast::<F>()) };
+            // A panic must not unwind into the runtime's C thread.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        }
+        let data = Box::into_raw(Box::new(f)).cast::<c_void>();
+        let res = self.inner.submit(|s| {
+            // SAFETY: the trampoline takes back the box once; F is Send + 'static.
+            unsafe { raw::launch_host_func(s, trampoline::<F>, data) }
+        });
+        if res.is_err() {
+            // SAFETY: the runtime refused the call, so it never took `data`.
+            drop(unsafe { Box::from_raw(data.cast::<F>()) });
+        }
+        res.map(|_| ())
+    }
+
+    /// Enqueues one operation reading `reads` and writing `writes`: orders it
+    /// after other streams' conflicting uses, runs `enqueue`, then records the
+    /// uses. Returns the pending operation, borrowing for `'a`.
+    pub(crate) fn enqueue<'a>(
+        &self,
+        reads: &[&Fence],
+        writes: &[&Fence],
+        enqueue: impl FnOnce(cudaStream_t) -> Result<()>,
+    ) -> Result<Pending<'a>> {
+        self.inner.device.make_current()?;
+        for f in reads {
+            f.order_read(&self.inner)?;
+        }
+        for f in writes {
+            f.order_write(&self.inner)?;
+        }
+        let seq = self.inner.submit(enqueue)?;
+        for f in reads {
+            f.note_read(&self.inner, seq);
+        }
+        for f in writes {
+            f.note_write(&self.inner, seq);
+        }
+        Ok(Pending { stream: self.inner.clone(), seq, _borrows: PhantomData })
+    }
+}
+
+/// An operation given to a stream: [`Pending::wait`] blocks until it finished.
+///
+/// It borrows the buffers the operation uses for `'a`, so the compiler rejects
+/// touching them from the host meanwhile. Dropping or leaking it does *not*
+/// wait and is always sound: each buffer's fence still makes host access and
+/// `Drop` wait for the operation, and orders other streams after it.
+#[must_use = "an operation runs asynchronously: wait() for it, or drop it to keep the buffers fenced"]
+pub struct Pending<'a> {
+    stream: Arc<StreamInner>,
+    seq: u64,
+    _borrows: PhantomData<&'a mut ()>,
+}
+
+impl std::fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("seq", &self.seq).finish()
+    }
+}
+
+impl Pending<'_> {
+    /// Blocks until the operation (and all earlier work of its stream) finished.
+    ///
+    /// # Errors
+    /// The runtime's error, e.g. from earlier asynchronous work.
+    pub fn wait(self) -> Result<()> {
+        self.stream.wait_for(self.seq)
+    }
+
+    /// True when the operation is known to have finished (asks the stream when
+    /// not yet known).
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn is_complete(&self) -> Result<bool> {
+        if self.stream.is_done(self.seq) {
+            return Ok(true);
+        }
+        let target = self.stream.submitted.load(Ordering::Acquire);
+        // SAFETY: the stream is live while the Arc is.
+        let idle = unsafe { raw::stream_query(self.stream.raw) }?;
+        if idle {
+            self.stream.completed.fetch_max(target, Ordering::AcqRel);
+        }
+        Ok(idle)
+    }
+
+    /// Ends the borrow without waiting, to give the same buffers more work in
+    /// stream order. The fences still guard them.
+    pub fn detach(self) {}
+}
+
+/// Options for [`Event::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EventOptions {
+    /// Measure time ([`Event::elapsed_ms`]); off makes record and wait cheaper.
+    pub timing: bool,
+    /// `synchronize` sleeps instead of spinning.
+    pub blocking_sync: bool,
+}
+
+/// A CUDA event: a point in a stream's work that the host or other streams can wait for.
+///
+/// ```no_run
+/// # fn main() -> cuda_safe::Result<()> {
+/// use cuda_safe::{Device, Event, EventOptions, Stream};
+/// let dev = Device::get(0)?;
+/// let s = Stream::new(&dev)?;
+/// let (a, b) = (Event::new(&dev, EventOptions { timing: true, ..Default::default() })?, Event::new(&dev, EventOptions { timing: true, ..Default::default() })?);
+/// s.record(&a)?;
+/// // ... work ...
+/// s.record(&b)?;
+/// b.synchronize()?;
+/// println!("{} ms", b.elapsed_ms(&a)?);
+/// # Ok(()) }
+/// ```
+pub struct Event {
+    raw: cudaEvent_t,
+    device: Device,
+    recorded: Mutex<Option<Use>>,
+}
+
+// SAFETY: event handles may be used from any host thread; state is behind a mutex.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event").field("raw", &self.raw).field("device", &self.device).finish()
+    }
+}
+
+impl Event {
+    /// A new event on `device`.
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn new(device: &Device, options: EventOptions) -> Result<Event> {
+        device.make_current()?;
+        let mut flags = 0;
+        if !options.timing {
+            flags |= cuda_sys::cudaEventDisableTiming;
+        }
+        if options.blocking_sync {
+            flags |= cuda_sys::cudaEventBlockingSync;
+        }
+        let raw = raw::event_create(flags)?;
+        Ok(Event { raw, device: *device, recorded: Mutex::new(None) })
+    }
+
+    /// The raw handle.
+    pub fn as_raw(&self) -> cudaEvent_t {
+        self.raw
+    }
+
+    /// True when the latest record has completed (or it was never recorded).
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe { raw::event_query(self.raw) }
+    }
+
+    /// Blocks until the latest record has completed.
+    ///
+    /// # Errors
+    /// The runtime's error.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe { raw::event_synchronize(self.raw) }?;
+        if let Some(u) = lock(&self.recorded).as_ref() {
+            u.stream.completed.fetch_max(u.seq, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// Milliseconds from `start` to this event; both must have completed and
+    /// have timing on.
+    ///
+    /// # Errors
+    /// The runtime's error (`cudaErrorNotReady`, `cudaErrorInvalidResourceHandle`).
+    pub fn elapsed_ms(&self, start: &Event) -> Result<f32> {
+        // SAFETY: both handles are live while borrowed.
+        unsafe { raw::event_elapsed(start.raw, self.raw) }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _ = self.device.make_current();
+        // SAFETY: the handle is ours; CUDA allows destroying an event whose
+        // record is still pending.
+        let _ = unsafe { raw::event_destroy(self.raw) };
+    }
+}
