@@ -3,6 +3,12 @@
 use crate::error::{Error, Result};
 use crate::raw;
 use cuda_sys::cudaDeviceAttr;
+use std::cell::Cell;
+
+thread_local! {
+    /// The device this crate last made current on this thread (-1: unknown).
+    static CURRENT: Cell<i32> = const { Cell::new(-1) };
+}
 
 /// One CUDA device, by ordinal. Every object made on a device remembers it and
 /// makes it current before each call, so a value moved to another thread, or
@@ -64,7 +70,20 @@ impl Device {
     /// # Errors
     /// The runtime's error.
     pub fn make_current(&self) -> Result<()> {
-        raw::set_device(self.ordinal)
+        raw::set_device(self.ordinal)?;
+        CURRENT.with(|c| c.set(self.ordinal));
+        Ok(())
+    }
+
+    /// Makes this device current unless this crate already made it current on
+    /// this thread (a thread-local cache: one `cudaSetDevice` per switch, not
+    /// per call). Code that calls `cudaSetDevice` itself between calls of this
+    /// crate on the same thread should call [`Device::make_current`] after.
+    pub(crate) fn ensure_current(&self) -> Result<()> {
+        if CURRENT.with(|c| c.get()) == self.ordinal {
+            return Ok(());
+        }
+        self.make_current()
     }
 
     /// The product name ("NVIDIA H200").

@@ -119,7 +119,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// `cudaErrorMemoryAllocation` when the device is full.
     pub fn new(device: &Device, len: usize) -> Result<Self> {
         let bytes = bytes_of::<T>(len, "DeviceBuffer::new")?;
-        device.make_current()?;
+        device.ensure_current()?;
         let ptr = if bytes == 0 { std::ptr::null_mut() } else { raw::malloc(bytes)?.cast() };
         Ok(DeviceBuffer { ptr, len, device: *device, fence: Fence::default() })
     }
@@ -189,7 +189,7 @@ impl<T: Pod> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
-        self.device.make_current()?;
+        self.device.ensure_current()?;
         // SAFETY: `src` is valid for reads of the whole buffer's bytes; the
         // buffer is exclusively borrowed and no stream uses it (fence waited).
         unsafe { raw::memcpy(self.ptr.cast(), src.as_ptr().cast(), size_of_val(src), cudaMemcpyKind::cudaMemcpyHostToDevice) }
@@ -208,7 +208,7 @@ impl<T: Pod> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
-        self.device.make_current()?;
+        self.device.ensure_current()?;
         // SAFETY: `dst` is valid for writes of the whole buffer's bytes and
         // exclusively borrowed; no stream writes the buffer (fence waited).
         unsafe { raw::memcpy(dst.as_mut_ptr().cast(), self.ptr.cast(), size_of_val(dst), cudaMemcpyKind::cudaMemcpyDeviceToHost) }
@@ -242,7 +242,7 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
             // stops: leak it rather than free memory a copy may write.
             return;
         }
-        let _ = self.device.make_current();
+        let _ = self.device.ensure_current();
         // SAFETY: we own the allocation and no stream uses it any more.
         let _ = unsafe { raw::free(self.ptr.cast()) };
     }

@@ -49,7 +49,7 @@ impl StreamInner {
             return Ok(());
         }
         let target = self.submitted.load(Ordering::Acquire);
-        self.device.make_current()?;
+        self.device.ensure_current()?;
         // SAFETY: `raw` is live while `self` is.
         unsafe { raw::stream_synchronize(self.raw) }?;
         self.completed.fetch_max(target, Ordering::AcqRel);
@@ -62,7 +62,7 @@ impl StreamInner {
             return Ok(()); // a stream runs its work in order
         }
         let mut cross = lock(&other.cross);
-        other.device.make_current()?;
+        other.device.ensure_current()?;
         let ev = match *cross {
             Some(e) => e,
             None => {
@@ -73,14 +73,14 @@ impl StreamInner {
         };
         // SAFETY: `ev` and both streams are live; `ev` belongs to other's device.
         unsafe { raw::event_record(ev, other.raw) }?;
-        self.device.make_current()?;
+        self.device.ensure_current()?;
         // SAFETY: as above; CUDA allows waiting on an event of another device.
         unsafe { raw::stream_wait_event(self.raw, ev) }
     }
 
     /// Runs `enqueue` (one CUDA call on this stream) and numbers it.
     fn submit(&self, enqueue: impl FnOnce(cudaStream_t) -> Result<()>) -> Result<u64> {
-        self.device.make_current()?;
+        self.device.ensure_current()?;
         enqueue(self.raw)?;
         Ok(self.submitted.fetch_add(1, Ordering::AcqRel) + 1)
     }
@@ -88,7 +88,7 @@ impl StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        let _ = self.device.make_current();
+        let _ = self.device.ensure_current();
         if let Some(e) = lock(&self.cross).take() {
             // SAFETY: the event is ours and no longer used.
             let _ = unsafe { raw::event_destroy(e) };
@@ -250,7 +250,7 @@ impl Stream {
     /// # Errors
     /// The runtime's error.
     pub fn with_options(device: &Device, options: StreamOptions) -> Result<Stream> {
-        device.make_current()?;
+        device.ensure_current()?;
         let flags = if options.non_blocking { cuda_sys::cudaStreamNonBlocking } else { cuda_sys::cudaStreamDefault };
         let raw = raw::stream_create(flags, options.priority)?;
         Ok(Stream::wrap(raw, *device, true))
@@ -296,7 +296,7 @@ impl Stream {
     /// The runtime's error, including errors of earlier asynchronous work.
     pub fn synchronize(&self) -> Result<()> {
         let target = self.inner.submitted.load(Ordering::Acquire);
-        self.inner.device.make_current()?;
+        self.inner.device.ensure_current()?;
         // SAFETY: the stream is live while `self` is.
         unsafe { raw::stream_synchronize(self.inner.raw) }?;
         self.inner.completed.fetch_max(target, Ordering::AcqRel);
@@ -322,7 +322,7 @@ impl Stream {
     /// # Errors
     /// The runtime's error.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        self.inner.device.make_current()?;
+        self.inner.device.ensure_current()?;
         // SAFETY: both handles are live while borrowed.
         unsafe { raw::stream_wait_event(self.inner.raw, event.raw) }
     }
@@ -386,7 +386,7 @@ impl Stream {
         writes: &[&Fence],
         enqueue: impl FnOnce(cudaStream_t) -> Result<()>,
     ) -> Result<Pending<'a>> {
-        self.inner.device.make_current()?;
+        self.inner.device.ensure_current()?;
         for f in reads {
             f.order_read(&self.inner)?;
         }
@@ -502,7 +502,7 @@ impl Event {
     /// # Errors
     /// The runtime's error.
     pub fn new(device: &Device, options: EventOptions) -> Result<Event> {
-        device.make_current()?;
+        device.ensure_current()?;
         let mut flags = 0;
         if !options.timing {
             flags |= cuda_sys::cudaEventDisableTiming;
@@ -554,7 +554,7 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        let _ = self.device.make_current();
+        let _ = self.device.ensure_current();
         // SAFETY: the handle is ours; CUDA allows destroying an event whose
         // record is still pending.
         let _ = unsafe { raw::event_destroy(self.raw) };
