@@ -28,8 +28,8 @@ pub struct Device {
 }
 
 impl Device {
-    /// The number of visible devices (0 when the runtime reports no device or
-    /// no driver is an error: see [`Device::all`]).
+    /// The number of visible devices. No driver, or no device, is an error
+    /// from the runtime (`cudaErrorInsufficientDriver`, `cudaErrorNoDevice`).
     ///
     /// # Errors
     /// The runtime's error, e.g. `cudaErrorInsufficientDriver` without a driver.

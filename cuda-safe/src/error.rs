@@ -85,7 +85,9 @@ impl Error {
             Error::Cuda { code, .. } => *code,
         };
         Some(match code {
-            2 => "out of memory: free buffers, use smaller ones, or (pinned memory) pin less: a pinned ring or windows need only a few slots",
+            2 => {
+                "out of memory: free buffers, use smaller ones, or (pinned memory) pin less: a pinned ring or windows need only a few slots"
+            }
             35 => "no usable NVIDIA driver: install one matching the runtime, or use the emulated runtime for tests",
             100 => "no CUDA device is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES",
             101 => "device index out of range: see Device::count()",

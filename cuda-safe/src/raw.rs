@@ -55,9 +55,7 @@ pub(crate) fn device_name(ordinal: i32) -> Result<String> {
     // SAFETY: the buffer is as large and aligned as the cudaDeviceProp of either
     // supported major version (cuda-sys asserts it); the loader resolved the
     // symbol matching the loaded version.
-    check("cudaGetDeviceProperties", unsafe {
-        (api.cudaGetDeviceProperties)(buf.0.as_mut_ptr().cast(), ordinal)
-    })?;
+    check("cudaGetDeviceProperties", unsafe { (api.cudaGetDeviceProperties)(buf.0.as_mut_ptr().cast(), ordinal) })?;
     Ok(buf.name())
 }
 

@@ -188,15 +188,15 @@ pub fn controls() -> Result<Controls, LoadError> {
             // whose C signatures cudart_emu.h declares as these types.
             Ok(Controls {
                 // SAFETY: see above.
-                get_counters: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuGetCounters")?) },
+                get_counters: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Counters) -> c_int>(sym("cudaEmuGetCounters")?) },
                 // SAFETY: see above.
-                set_delay_us: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuSetDelayUs")?) },
+                set_delay_us: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_uint) -> c_int>(sym("cudaEmuSetDelayUs")?) },
                 // SAFETY: see above.
-                inject_fault: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuInjectFault")?) },
+                inject_fault: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, c_uint, c_int, c_int) -> c_int>(sym("cudaEmuInjectFault")?) },
                 // SAFETY: see above.
-                reset: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuReset")?) },
+                reset: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(sym("cudaEmuReset")?) },
                 // SAFETY: see above.
-                call_count: unsafe { std::mem::transmute::<*mut c_void, _>(sym("cudaEmuCallCount")?) },
+                call_count: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> i64>(sym("cudaEmuCallCount")?) },
             })
         })
         .clone()

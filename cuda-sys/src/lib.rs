@@ -26,14 +26,14 @@
 //! ```
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
-mod loader;
 #[cfg(feature = "emulator")]
 pub mod emulator;
+mod loader;
 
 pub use loader::{LoadError, RUNTIME_PATH_ENV, Runtime, SEARCH_ORDER, runtime, set_runtime_path};
 
 /// Types and constants of the CUDA 13 runtime headers (generated).
-#[allow(missing_docs, clippy::all)]
+#[allow(missing_docs, clippy::all, clippy::undocumented_unsafe_blocks)]
 pub mod cuda13 {
     include!("generated/cuda13.rs");
     #[cfg(feature = "link")]
@@ -43,18 +43,17 @@ pub mod cuda13 {
 /// Types and constants of the CUDA 12 runtime headers (generated). Only
 /// [`cuda12::cudaDeviceProp`] differs in a way callers meet: fill it through
 /// [`Api::cudaGetDeviceProperties`] when [`Runtime::major`] is 12.
-#[allow(missing_docs, clippy::all)]
+#[allow(missing_docs, clippy::all, clippy::undocumented_unsafe_blocks)]
 pub mod cuda12 {
     include!("generated/cuda12.rs");
 }
 
 pub use cuda13::{
-    CUevent_st, CUstream_st, CUDART_VERSION, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t,
-    cudaEventBlockingSync, cudaEventDefault, cudaEventDisableTiming, cudaEventInterprocess,
-    cudaHostAllocDefault, cudaHostAllocMapped, cudaHostAllocPortable, cudaHostAllocWriteCombined,
-    cudaHostFn_t, cudaHostRegisterDefault, cudaHostRegisterIoMemory, cudaHostRegisterMapped,
-    cudaHostRegisterPortable, cudaHostRegisterReadOnly, cudaMemcpyKind, cudaMemoryType,
-    cudaPointerAttributes, cudaStream_t, cudaStreamDefault, cudaStreamNonBlocking,
+    CUDART_VERSION, CUevent_st, CUstream_st, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t,
+    cudaEventBlockingSync, cudaEventDefault, cudaEventDisableTiming, cudaEventInterprocess, cudaHostAllocDefault,
+    cudaHostAllocMapped, cudaHostAllocPortable, cudaHostAllocWriteCombined, cudaHostFn_t, cudaHostRegisterDefault,
+    cudaHostRegisterIoMemory, cudaHostRegisterMapped, cudaHostRegisterPortable, cudaHostRegisterReadOnly,
+    cudaMemcpyKind, cudaMemoryType, cudaPointerAttributes, cudaStream_t, cudaStreamDefault, cudaStreamNonBlocking,
 };
 
 mod api {
@@ -109,8 +108,14 @@ mod checks {
     // The table's cudaPointerAttributes (13's) is at least as large as 12's and
     // starts with the same fields, so one buffer serves both versions.
     const_assert!(size_of::<cuda13::cudaPointerAttributes>() >= size_of::<cuda12::cudaPointerAttributes>());
-    const_assert_eq!(offset_of!(cuda13::cudaPointerAttributes, type_), offset_of!(cuda12::cudaPointerAttributes, type_));
-    const_assert_eq!(offset_of!(cuda13::cudaPointerAttributes, device), offset_of!(cuda12::cudaPointerAttributes, device));
+    const_assert_eq!(
+        offset_of!(cuda13::cudaPointerAttributes, type_),
+        offset_of!(cuda12::cudaPointerAttributes, type_)
+    );
+    const_assert_eq!(
+        offset_of!(cuda13::cudaPointerAttributes, device),
+        offset_of!(cuda12::cudaPointerAttributes, device)
+    );
     const_assert_eq!(
         offset_of!(cuda13::cudaPointerAttributes, devicePointer),
         offset_of!(cuda12::cudaPointerAttributes, devicePointer)

@@ -158,7 +158,8 @@ impl Runtime {
     /// [`LoadError::NotFound`] listing every candidate and why it failed.
     pub fn search(explicit: Option<&str>) -> Result<&'static Runtime, LoadError> {
         let env = std::env::var(RUNTIME_PATH_ENV).ok().filter(|s| !s.is_empty());
-        let candidates = explicit.into_iter().map(str::to_string).chain(env).chain(SEARCH_ORDER.iter().map(|s| s.to_string()));
+        let candidates =
+            explicit.into_iter().map(str::to_string).chain(env).chain(SEARCH_ORDER.iter().map(|s| s.to_string()));
         let mut tried = Vec::new();
         for cand in candidates {
             match Runtime::load(&cand) {

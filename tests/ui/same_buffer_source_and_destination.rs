@@ -1,0 +1,9 @@
+// One device buffer as both source and destination of a copy.
+use cuda_safe::{Device, DeviceBuffer, Stream};
+
+fn main() -> cuda_safe::Result<()> {
+    let dev = Device::get(0)?;
+    let stream = Stream::new(&dev)?;
+    let mut on_gpu = DeviceBuffer::<u8>::new(&dev, 64)?;
+    stream.copy_device_to_device(&on_gpu, &mut on_gpu)?.wait()
+}
