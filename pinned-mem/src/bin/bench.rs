@@ -1,2 +1,163 @@
-//! placeholder for the benchmark (see issue: the main job)
-fn main() {}
+//! `bench`: the seed's question ("why is pinned memory slower?") as one
+//! command. It measures the line rate, then streams a file to the GPU with
+//! every way of feeding it (pageable copies, per-batch pinned allocation, the
+//! pinned ring, registered windows, whole-file registration, the hybrid, cold
+//! reads, the library's automatic choice) and prints GB/s, the fraction of the
+//! line rate, CPU seconds per GB, peak pinned bytes and whether the data
+//! arrived intact, with the pinned-mem goals as PASS/MISS lines.
+//!
+//! ```text
+//! cargo run --release -p pinned-mem --bin bench                  # demo file, every strategy
+//! cargo run --release -p pinned-mem --bin bench -- my.memmap     # your file
+//! cargo run --release -p pinned-mem --bin bench -- --seed        # the seed's experiment
+//! cargo run -p pinned-mem --features emulator --bin bench -- --emulated --quick
+//! ```
+//!
+//! See `bench --help` for every option.
+
+#[path = "bench/args.rs"]
+mod args;
+#[path = "bench/checksum.rs"]
+mod checksum;
+#[path = "bench/data.rs"]
+mod data;
+#[path = "bench/gpu.rs"]
+mod gpu;
+#[path = "bench/output.rs"]
+mod output;
+#[path = "bench/overhead.rs"]
+mod overhead;
+#[path = "bench/progress.rs"]
+mod progress;
+#[path = "bench/rawcuda.rs"]
+mod rawcuda;
+#[path = "bench/results.rs"]
+mod results;
+#[path = "bench/runs.rs"]
+mod runs;
+#[path = "bench/seed.rs"]
+mod seed;
+#[path = "bench/util.rs"]
+mod util;
+
+use args::{Options, Parsed};
+use output::{FileInfo, Summary};
+use progress::Progress;
+use runs::Bench;
+use std::io::Write;
+use std::process::ExitCode;
+use util::{Context, Fatal, MIB, Result, cores, fmt_bytes, round_down};
+
+fn main() -> ExitCode {
+    let opts = match args::parse(std::env::args_os().skip(1)) {
+        Ok(Parsed::Help) => {
+            let _ = std::io::stdout().lock().write_all(args::USAGE.as_bytes());
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Run(o)) => o,
+        Err(e) => {
+            eprintln!("bench: {e}\n(bench --help lists the options)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(*opts) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{}{e}", if matches!(e, Fatal::NoGpu(_)) { "" } else { "bench: " });
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(opts: Options) -> Result<ExitCode> {
+    if let Some(dir) = &opts.out {
+        std::fs::create_dir_all(dir).map_err(|e| Fatal::Usage(format!("--out {}: {e}", dir.display())))?;
+    }
+    if opts.streams() {
+        data::preflight(&opts)?; // a bad FILE fails before any measurement
+    }
+    let progress = Progress::new();
+    let gpu = gpu::select(&opts)?;
+    if gpu.emulated {
+        progress.note(&format!("*** {} ***", output::EMULATED));
+    }
+    progress.note(&gpu.describe());
+    let threads = opts.threads.unwrap_or_else(cores);
+    let reps = opts.reps();
+    let stream = cuda_safe::Stream::new(&gpu.device)?;
+    let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
+    let readback = checksum::Readback::new(&stream, readback_bytes, threads)?;
+    let mut b =
+        Bench { opts: opts.clone(), gpu, stream, progress: progress.clone(), threads, reps, readback, line_rate: 0.0 };
+
+    let line = runs::line_rate(&mut b)?;
+    let mut rows = Vec::new();
+    let mut file = None;
+    if opts.streams() {
+        let data = data::prepare(&opts, threads, &progress)?;
+        let budget = opts.budget.unwrap_or_else(|| round_down(data.len / 8, MIB));
+        progress.note(&format!(
+            "pin budget {} (the file, {}, is {:.1}x the budget)",
+            fmt_bytes(budget),
+            fmt_bytes(data.len),
+            data.len as f64 / budget as f64
+        ));
+        let dest_desc;
+        (rows, dest_desc) = runs::stream_all(&mut b, &data, budget)?;
+        file = Some(FileInfo {
+            path: data.path.display().to_string(),
+            bytes: data.len,
+            demo: data.demo,
+            checksum: data.checksum,
+            budget,
+            destination: dest_desc,
+            notes: data.notes.clone(),
+        });
+    } // the demo file is removed here
+    let seed_rows = if opts.seed { seed::run(&mut b)? } else { Vec::new() };
+    let torch = opts.seed.then(|| seed::torch(&b, seed::rows(opts.quick)));
+    let overhead =
+        if opts.overhead || (!opts.seed && opts.only.is_none()) { Some(overhead::run(&mut b)?) } else { None };
+
+    let summary = Summary {
+        gpu: &b.gpu,
+        opts: &opts,
+        threads,
+        reps,
+        line_rate: b.line_rate,
+        line: &line,
+        file,
+        rows: &rows,
+        seed: &seed_rows,
+        overhead: overhead.as_ref(),
+        torch: torch.as_ref(),
+    };
+    // A closed stdout or stderr (`bench | head`) is not an error worth a panic.
+    let text = output::text(&summary);
+    if opts.json {
+        let _ = std::io::stderr().lock().write_all(text.as_bytes());
+        let _ = std::io::stdout().lock().write_all(output::json(&summary).as_bytes());
+    } else {
+        let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    }
+    if let Some(dir) = &opts.out {
+        for (name, body) in [
+            ("results.json", output::json(&summary)),
+            ("results.csv", output::csv(&summary)),
+            ("chart.svg", output::svg(&summary)),
+        ] {
+            let p = dir.join(name);
+            std::fs::write(&p, body).context(|| format!("writing {}", p.display()))?;
+        }
+        eprintln!("wrote results.json, results.csv and chart.svg to {}", dir.display());
+    }
+    let all = std::iter::once(&line).chain(&rows).chain(&seed_rows);
+    let failed: Vec<&str> =
+        all.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
+    if failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("bench: {} run(s) failed or delivered damaged data: {}", failed.len(), failed.join(", "));
+        Ok(ExitCode::from(1))
+    }
+}

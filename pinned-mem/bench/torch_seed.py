@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The seed's own experiment in PyTorch, beside `bench --seed`.
+
+    a = torch.rand(1024, 655360)            # 2.68 GB of float32
+    for i in a: i.pin_memory().cuda(non_blocking=True)
+    for i in a: i.pin_memory().cuda()
+    for i in a: i.cuda(non_blocking=True)
+    for i in a: i.cuda()
+    p = a.pin_memory(); for i in p: i.cuda(non_blocking=True)   # pinned once
+
+Prints wall ms, CPU ms (time.process_time: every thread of the process), GB/s
+and the fraction of the line rate (a resident pinned tensor copied again and
+again, measured here), the median of --reps runs after one warm-up run, in the
+same table format as `bench --seed`. Checks once per variant that the rows
+arrived intact.
+
+Runs only where `import torch` works and torch sees a GPU; otherwise it says
+why and exits 0, so it can sit in any script. Optional: --json PATH.
+
+    python3 pinned-mem/bench/torch_seed.py [--rows 1024] [--reps 3] [--json out.json]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+COLS = 655360
+
+# The facts file's one run on the H200 (PyTorch 2.11), GB/s.
+H200 = {
+    "torch-pin-nb": "38.8",
+    "torch-pin": "14.9",
+    "torch-cuda-nb": "8.0",
+    "torch-cuda": "7.8",
+    "torch-pinned-once": "51.3",
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1024, help="rows of 655360 float32 (default 1024, the seed's)")
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per variant; the median is shown (default 3)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = ap.parse_args()
+    if args.rows < 1 or args.reps < 1:
+        ap.error("--rows and --reps must be at least 1")
+
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a broken install
+        print(f"torch_seed.py: skipped: `import torch` failed ({e.__class__.__name__}: {e})")
+        return 0
+    if not torch.cuda.is_available():
+        print(f"torch_seed.py: skipped: torch {torch.__version__} sees no CUDA GPU "
+              f"(torch.version.cuda = {torch.version.cuda}, torch.cuda.device_count() = {torch.cuda.device_count()})")
+        return 0
+
+    dev = torch.device("cuda", 0)
+    name = torch.cuda.get_device_name(dev)
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {name}")
+
+    line = line_rate(torch, dev, args.reps)
+    print(f"line rate: {line:.2f} GB/s (a resident 256 MiB pinned tensor copied 16 times with non_blocking=True)")
+
+    a = torch.rand(args.rows, COLS)
+    nbytes = a.numel() * a.element_size()
+    print(f"\nThe seed's experiment in PyTorch: a = torch.rand({args.rows}, {COLS}) ({nbytes / 1e9:.2f} GB of float32), "
+          f"row by row; median of {args.reps} run(s) after a warm-up")
+
+    def pin_nb():
+        for i in a:
+            i.pin_memory().cuda(non_blocking=True)
+
+    def pin():
+        for i in a:
+            i.pin_memory().cuda()
+
+    def cuda_nb():
+        for i in a:
+            i.cuda(non_blocking=True)
+
+    def cuda():
+        for i in a:
+            i.cuda()
+
+    variants = [
+        ("torch-pin-nb", "i.pin_memory().cuda(non_blocking=True)", pin_nb,
+         lambda: [i.pin_memory().cuda(non_blocking=True) for i in a]),
+        ("torch-pin", "i.pin_memory().cuda()", pin, lambda: [i.pin_memory().cuda() for i in a]),
+        ("torch-cuda-nb", "i.cuda(non_blocking=True)", cuda_nb, lambda: [i.cuda(non_blocking=True) for i in a]),
+        ("torch-cuda", "i.cuda()", cuda, lambda: [i.cuda() for i in a]),
+    ]
+    results = []
+    for key, code, f, keep in variants:
+        results.append(measure(torch, key, code, f, keep, a, nbytes, args.reps, line))
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    p = a.pin_memory()
+    pin_ms = (time.perf_counter() - t0) * 1e3
+
+    def pinned_once():
+        for i in p:
+            i.cuda(non_blocking=True)
+
+    r = measure(torch, "torch-pinned-once", "p = a.pin_memory() once; i.cuda(non_blocking=True)", pinned_once,
+                lambda: [i.cuda(non_blocking=True) for i in p], a, nbytes, args.reps, line)
+    r["note"] = f"a.pin_memory() of the whole tensor took {pin_ms:.1f} ms (not in wall)"
+    results.append(r)
+    del p
+
+    print(f"{'variant':<18} {'code':<50} {'wall ms':>9} {'CPU ms':>9} {'GB/s':>7} {'x line':>7} {'intact':>7}  H200 (facts)")
+    for r in results:
+        print(f"{r['name']:<18} {r['code']:<50} {r['wall_ms']:>9.1f} {r['cpu_ms']:>9.1f} {r['gbps']:>7.2f} "
+              f"{r['fraction_of_line_rate']:>7.2f} {'yes' if r['intact'] else 'NO':>7}  {H200.get(r['name'], '')}")
+    for r in results:
+        if "note" in r:
+            print(f"  {r['name']}: {r['note']}")
+    print("CPU ms is time.process_time(): all threads of the process (PyTorch copies pinned rows with many threads).")
+
+    if args.json:
+        doc = {
+            "tool": "torch_seed.py",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "device": name,
+            "rows": args.rows,
+            "cols": COLS,
+            "bytes": nbytes,
+            "reps": args.reps,
+            "line_rate_gbps": line,
+            "results": results,
+            "h200_reference_gbps": H200,
+        }
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if all(r["intact"] for r in results) else 1
+
+
+def line_rate(torch, dev, reps):
+    n = 256 << 20
+    h = torch.empty(n, dtype=torch.uint8).pin_memory()
+    d = torch.empty(n, dtype=torch.uint8, device=dev)
+    d.copy_(h, non_blocking=True)
+    torch.cuda.synchronize()
+    k = 16
+    rates = []
+    for _ in range(max(reps, 3)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            d.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        rates.append(n * k / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates)
+
+
+def measure(torch, key, code, f, keep, a, nbytes, reps, line):
+    torch.cuda.synchronize()
+    f()  # warm-up: PyTorch's caching allocators fill here, as in the seed's notebook
+    torch.cuda.synchronize()
+    walls, cpus = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0, c0 = time.perf_counter(), time.process_time()
+        f()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    # Intact: one more (untimed) run keeping what reached the device.
+    out = keep()
+    torch.cuda.synchronize()
+    intact = bool(torch.equal(torch.stack(out).cpu(), a))
+    del out
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    gbps = nbytes / wall / 1e9
+    print(f"  {key:<18} {wall * 1e3:8.1f} ms wall {cpu * 1e3:8.1f} ms CPU {gbps:7.2f} GB/s  intact: {'yes' if intact else 'NO'}",
+          file=sys.stderr)
+    return {
+        "name": key,
+        "code": code,
+        "wall_ms": wall * 1e3,
+        "cpu_ms": cpu * 1e3,
+        "wall_ms_min": min(walls) * 1e3,
+        "wall_ms_max": max(walls) * 1e3,
+        "gbps": gbps,
+        "fraction_of_line_rate": gbps / line,
+        "intact": intact,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

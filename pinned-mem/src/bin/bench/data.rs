@@ -1,0 +1,267 @@
+//! The data streamed: a demo file written in the temporary folder (removed at
+//! the end) or the user's file; and the disk's own O_DIRECT read rate.
+
+use crate::args::Options;
+use crate::checksum;
+use crate::progress::Progress;
+use crate::util::{Context, Fatal, GIB, MIB, Result, disk_available, fmt_bytes, is_tmpfs, mem_available, round_down};
+use pinned_mem::MappedFile;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fills `buf` with the deterministic pattern of stream `seed`, as if it
+/// started at byte `start` (a multiple of 8) of that stream.
+pub fn fill_pattern(buf: &mut [u8], seed: u64, start: u64) {
+    let first = start / 8;
+    let mut words = buf.chunks_exact_mut(8);
+    let mut i = first;
+    for w in &mut words {
+        w.copy_from_slice(&splitmix(i ^ seed.rotate_left(32)).to_le_bytes());
+        i += 1;
+    }
+    let rest = words.into_remainder();
+    let last = splitmix(i ^ seed.rotate_left(32)).to_le_bytes();
+    rest.copy_from_slice(&last[..rest.len()]);
+}
+
+/// Removes the demo file when dropped (also when the bench fails).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+pub struct Data {
+    pub file: Arc<MappedFile>,
+    pub path: PathBuf,
+    pub len: u64,
+    pub demo: bool,
+    /// Checksum of the whole file (see `checksum`).
+    pub checksum: u64,
+    /// The file is on tmpfs: it lives in RAM and is never read cold.
+    pub tmpfs: bool,
+    /// Notes for the header (e.g. the file is larger than RAM).
+    pub notes: Vec<String>,
+    _temp: Option<TempFile>,
+}
+
+impl Data {
+    pub fn bytes(&self) -> &[u8] {
+        self.file.as_bytes()
+    }
+}
+
+/// The demo file's size: --size, else 4 GiB (256 MiB with --quick), less when
+/// the temporary folder's disk or the RAM are short.
+fn demo_size(opts: &Options, dir: &Path) -> Result<u64> {
+    let disk = disk_available(dir);
+    let ram = mem_available();
+    if let Some(size) = opts.size {
+        if let Some(d) = disk
+            && size.saturating_add(256 * MIB) > d
+        {
+            return Err(Fatal::Usage(format!(
+                "--size {}: {} has only {} free; pass a smaller --size or set TMPDIR to a folder with room",
+                fmt_bytes(size),
+                dir.display(),
+                fmt_bytes(d)
+            )));
+        }
+        return Ok(size);
+    }
+    let mut size = if opts.quick { 256 * MIB } else { 4 * GIB };
+    if let Some(d) = disk {
+        size = size.min(d / 2);
+    }
+    if let Some(r) = ram {
+        size = size.min(r / 3);
+    }
+    if size < 64 * MIB {
+        return Err(Fatal::Usage(format!(
+            "not enough room for a demo file: {} free in {}, {} of RAM available; pass a FILE, or set TMPDIR",
+            disk.map_or("?".into(), fmt_bytes),
+            dir.display(),
+            ram.map_or("?".into(), fmt_bytes)
+        )));
+    }
+    Ok(round_down(size, 64 * MIB))
+}
+
+fn write_demo(path: &Path, size: u64, threads: usize, progress: &Progress) -> Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .context(|| format!("creating the demo file {}", path.display()))?;
+    file.set_len(size).context(|| format!("sizing {}", path.display()))?;
+    const PIECE: u64 = 8 << 20;
+    let n = size.div_ceil(PIECE);
+    let threads = (threads as u64).clamp(1, n.max(1));
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let result: Result<()> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (file, done) = (&file, &done);
+                s.spawn(move || -> Result<()> {
+                    let mut buf = vec![0u8; PIECE as usize];
+                    let mut i = t;
+                    while i < n {
+                        let at = i * PIECE;
+                        let len = PIECE.min(size - at) as usize;
+                        fill_pattern(&mut buf[..len], 0x5EED, at);
+                        file.write_all_at(&buf[..len], at).context(|| "writing the demo file".into())?;
+                        let d = done.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed) + len as u64;
+                        progress.update(d, size);
+                        i += threads;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| Fatal::Run("a demo-file writer thread panicked".into()))??;
+        }
+        Ok(())
+    });
+    result?;
+    // Dirty pages are never dropped from the cache: make them clean so that
+    // the cold runs can drop them (and no write-back disturbs the runs).
+    file.sync_all().context(|| format!("syncing {}", path.display()))
+}
+
+/// Checks FILE, or that the demo file fits, before any measurement starts.
+/// Returns the demo file's size (0 with FILE).
+pub fn preflight(opts: &Options) -> Result<u64> {
+    match &opts.file {
+        Some(p) => {
+            let meta = std::fs::metadata(p).map_err(|e| Fatal::Usage(format!("{}: {e}", p.display())))?;
+            if !meta.is_file() {
+                return Err(Fatal::Usage(format!("{}: not a regular file", p.display())));
+            }
+            if meta.len() == 0 {
+                return Err(Fatal::Usage(format!("{}: the file is empty: nothing to stream", p.display())));
+            }
+            std::fs::File::open(p).map_err(|e| Fatal::Usage(format!("{}: {e}", p.display())))?;
+            Ok(0)
+        }
+        None => demo_size(opts, &std::env::temp_dir()),
+    }
+}
+
+/// Opens FILE, or writes the demo file; checksums it (which also reads it into
+/// the page cache).
+pub fn prepare(opts: &Options, threads: usize, progress: &Progress) -> Result<Data> {
+    let mut notes = Vec::new();
+    let size = preflight(opts)?;
+    let (path, demo, temp) = match &opts.file {
+        Some(p) => (p.clone(), false, None),
+        None => {
+            let path = std::env::temp_dir().join(format!("pinned-mem-bench-{}.bin", std::process::id()));
+            let guard = TempFile(path.clone());
+            progress.begin(&format!("writing the demo file {} ({})", path.display(), fmt_bytes(size)), 1, 1);
+            let t0 = Instant::now();
+            write_demo(&path, size, threads, progress)?;
+            progress.note(&format!(
+                "wrote the demo file {} ({}) in {:.1} s",
+                path.display(),
+                fmt_bytes(size),
+                t0.elapsed().as_secs_f64()
+            ));
+            (path, true, Some(guard))
+        }
+    };
+    let file = MappedFile::open(&path).context(|| format!("opening {}", path.display()))?;
+    let len = file.len();
+    let tmpfs = is_tmpfs(&path);
+    if tmpfs {
+        notes.push(format!(
+            "{} is on tmpfs (RAM): the cold runs are skipped; put the file on a disk (TMPDIR or FILE) to measure them",
+            path.display()
+        ));
+    }
+    if let Some(r) = mem_available()
+        && len > r
+    {
+        notes.push(format!(
+            "the file ({}) is larger than the available RAM ({}): 'page-cached' runs read from the disk too",
+            fmt_bytes(len),
+            fmt_bytes(r)
+        ));
+    }
+    progress.begin("checksumming the file (and reading it into the page cache)", 1, 1);
+    let t0 = Instant::now();
+    let sum = checksum::of_host(file.as_bytes(), threads);
+    progress.note(&format!(
+        "file checksum {sum:#018x} ({:.1} GB/s, {} threads)",
+        len as f64 / t0.elapsed().as_secs_f64().max(1e-9) / 1e9,
+        threads
+    ));
+    Ok(Data { file, path, len, demo, checksum: sum, tmpfs, notes, _temp: temp })
+}
+
+/// Reads the file with O_DIRECT, sequentially, 16 MiB at a time, one thread:
+/// what `dd if=FILE iflag=direct bs=16M` measures. Returns the seconds taken,
+/// or (inner `Err`) why not when the filesystem refuses O_DIRECT.
+pub fn read_direct(path: &Path, len: u64, progress: &Progress) -> Result<std::result::Result<f64, String>> {
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => f,
+        Err(e) => return Ok(Err(format!("O_DIRECT open refused ({e}): the filesystem does not support it"))),
+    };
+    const BS: usize = 16 << 20;
+    const ALIGN: usize = 4096;
+    let mut raw = vec![0u8; BS + ALIGN];
+    let off = raw.as_ptr().align_offset(ALIGN);
+    let buf = &mut raw[off..off + BS];
+    let t0 = Instant::now();
+    let mut at = 0u64;
+    while at < len {
+        match read_at(&file, buf, at) {
+            Ok(0) => break,
+            Ok(n) => at += n as u64,
+            Err(e) if at == 0 && e.raw_os_error() == Some(libc::EINVAL) => {
+                return Ok(Err(format!("O_DIRECT read refused ({e}): the filesystem does not support it")));
+            }
+            Err(e) => return Err(Fatal::Run(format!("O_DIRECT read of {} at {at}: {e}", path.display()))),
+        }
+        progress.update(at, len);
+    }
+    Ok(Ok(t0.elapsed().as_secs_f64()))
+}
+
+fn read_at(f: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    loop {
+        match f.read_at(buf, at) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_is_positional() {
+        let mut whole = vec![0u8; 1000];
+        fill_pattern(&mut whole, 1, 0);
+        let mut part = vec![0u8; 500];
+        fill_pattern(&mut part, 1, 496);
+        assert_eq!(&whole[496..996], &part[..]);
+        let mut other = vec![0u8; 1000];
+        fill_pattern(&mut other, 2, 0);
+        assert_ne!(whole, other);
+    }
+}

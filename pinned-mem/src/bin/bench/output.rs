@@ -1,0 +1,897 @@
+//! The results for people (tables, the goals, what it means) and for machines
+//! (JSON, CSV, an SVG chart).
+
+use crate::args::Options;
+use crate::gpu::Gpu;
+use crate::overhead::Overhead;
+use crate::results::{Intact, Kind, Row};
+use crate::seed;
+use crate::util::{Stats, fmt_bytes};
+use std::fmt::Write as _;
+
+pub const EMULATED: &str = "EMULATED — numbers are not GPU measurements";
+
+/// The file streamed, as printed.
+pub struct FileInfo {
+    pub path: String,
+    pub bytes: u64,
+    pub demo: bool,
+    pub checksum: u64,
+    pub budget: u64,
+    pub destination: String,
+    pub notes: Vec<String>,
+}
+
+/// Everything the outputs are made from.
+pub struct Summary<'a> {
+    pub gpu: &'a Gpu,
+    pub opts: &'a Options,
+    pub threads: usize,
+    pub reps: usize,
+    pub line_rate: f64,
+    pub line: &'a Row,
+    pub file: Option<FileInfo>,
+    pub rows: &'a [Row],
+    pub seed: &'a [Row],
+    pub overhead: Option<&'a Overhead>,
+    pub torch: Option<&'a seed::Torch>,
+}
+
+/// The H200's figures from /work/shared/facts/h200-baseline.md (one run each).
+pub const FACTS: &str = "shared/facts/h200-baseline.md";
+
+/// The facts file's GB/s (and CPU s/GB) for a row, where it measured the same thing.
+fn h200_ref(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "line-rate" => "55.4",
+        "pageable" => "7.9 @0.13",
+        "per-batch-pinned" => "1.6 @0.63",
+        "ring-1" => "5.8 @0.17",
+        "ring-4" => "20.2 @0.20",
+        "ring-8" => "35.0 @0.23",
+        "ring-16" => "44.8 @0.36",
+        "windows" => "20.5-25.1 @0.05",
+        "whole-file" => "55.35 @0.02",
+        "disk-direct" => "1.5-1.8",
+        "seed-cuda" => "7.8 (torch)",
+        "seed-cuda-nb" => "8.0 (torch)",
+        "seed-pin-nb" => "38.8 (torch)",
+        "seed-pin" => "14.9 (torch)",
+        "seed-registered" => "51.3 (torch)",
+        _ => return None,
+    })
+}
+
+const ANCHORS: &str = "H200 anchors (facts file, one run each, 2026-11-29): line rate 55.4 GB/s; 16-thread pinned ring \
+0.81 of it at 0.36 CPU s/GB; sliding registered windows 0.45; PyTorch per-batch pin_memory 0.70 at 0.43 CPU s/GB; \
+cudaHostAlloc 0.34 s/GiB; whole file registered once 55.35 GB/s; disk 1.5-1.8 GB/s.";
+
+// ---------------------------------------------------------------- goals
+
+pub struct Goal {
+    pub name: &'static str,
+    /// None: not measured in this run.
+    pub pass: Option<bool>,
+    pub detail: String,
+}
+
+fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.name == name && r.ok())
+}
+
+pub fn goals(s: &Summary) -> Vec<Goal> {
+    let mut g = Vec::new();
+    let lr = s.line_rate;
+    if let Some(f) = &s.file {
+        g.push(match find(s.rows, "budget-reuse") {
+            Some(r) => {
+                let frac = r.fraction(lr);
+                Goal {
+                    name: "registered once, copied again",
+                    pass: Some(frac >= 0.98 && r.intact.as_bool() != Some(false)),
+                    detail: format!(
+                        "data within the pin budget ({}), registered once and copied again: {:.2} GB/s = {frac:.3} of the line rate \
+                         (goal >= 0.98); a pass takes {:.2} ms, {:.2} ms more than the line rate needs",
+                        fmt_bytes(r.bytes),
+                        r.gbps().median,
+                        r.seconds() * 1e3,
+                        (r.seconds() - r.bytes as f64 / (lr * 1e9)) * 1e3
+                    ),
+                }
+            }
+            None => Goal { name: "registered once, copied again", pass: None, detail: "not measured (budget-reuse did not run)".into() },
+        });
+        let ratio = f.bytes as f64 / f.budget as f64;
+        g.push(match find(s.rows, "auto") {
+            Some(_) if ratio < 7.95 => Goal {
+                name: "page-cached file 8x the budget",
+                pass: None,
+                detail: format!("not measured: the file is {ratio:.1}x the pin budget (leave --budget at its default)"),
+            },
+            Some(r) => {
+                let (frac, cpu) = (r.fraction(lr), r.cpu_per_gb());
+                Goal {
+                    name: "page-cached file 8x the budget",
+                    pass: Some(frac >= 0.90 && cpu <= 0.10 && r.intact.as_bool() != Some(false)),
+                    detail: format!(
+                        "page-cached file {ratio:.1}x the pin budget, auto ({}): {:.2} GB/s = {frac:.3} of the line rate (goal >= 0.90) at {cpu:.3} CPU s/GB (goal <= 0.10)",
+                        r.strategy,
+                        r.gbps().median
+                    ),
+                }
+            }
+            None => Goal { name: "page-cached file 8x the budget", pass: None, detail: "not measured (auto did not run)".into() },
+        });
+        let disk = find(s.rows, "disk-direct");
+        let cold = ["cold-auto", "cold-direct"]
+            .iter()
+            .filter_map(|n| find(s.rows, n))
+            .max_by(|a, b| a.gbps().median.total_cmp(&b.gbps().median));
+        g.push(match (disk, cold) {
+            (Some(d), Some(c)) => {
+                let frac = c.gbps().median / d.gbps().median;
+                Goal {
+                    name: "cold file",
+                    pass: Some(frac >= 0.90 && c.intact.as_bool() != Some(false)),
+                    detail: format!(
+                        "cold file, best cold run ({}): {:.2} GB/s = {frac:.3} of the O_DIRECT read rate of the same disk, {:.2} GB/s (goal >= 0.90)",
+                        c.name,
+                        c.gbps().median,
+                        d.gbps().median
+                    ),
+                }
+            }
+            _ => Goal {
+                name: "cold file",
+                pass: None,
+                detail: "not measured (needs disk-direct and a cold run; see skipped rows)".into(),
+            },
+        });
+    }
+    if let Some(o) = s.overhead {
+        g.push(Goal {
+            name: "safe-layer overhead",
+            pass: Some(o.pct <= Overhead::GOAL_PCT),
+            detail: format!(
+                "safe-layer overhead per 64 KiB async copy: cuda-safe {:.3} us vs raw cuda-sys {:.3} us CPU = {:+.1} % (goal <= {} %)",
+                o.safe_cpu_us.median,
+                o.raw_cpu_us.median,
+                o.pct,
+                Overhead::GOAL_PCT
+            ),
+        });
+    }
+    g
+}
+
+// ---------------------------------------------------------------- text
+
+fn num(v: f64, prec: usize) -> String {
+    if v.is_finite() { format!("{v:.prec$}") } else { "-".into() }
+}
+
+fn spread(g: Stats) -> String {
+    if g.min.is_finite() { format!("{:.2}-{:.2}", g.min, g.max) } else { "-".into() }
+}
+
+fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
+    let _ = writeln!(
+        out,
+        "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}  {:<16}",
+        "strategy", "GB/s", "spread", "x line", "CPU s/GB", "peak pinned", "intact", "H200 (facts)"
+    );
+    for r in rows {
+        if let Some(e) = &r.error {
+            let _ = writeln!(out, "{:<18} FAILED: {e}", r.name);
+            continue;
+        }
+        if let Some(s) = &r.skipped {
+            let _ = writeln!(out, "{:<18} skipped: {s}", r.name);
+            continue;
+        }
+        let g = r.gbps();
+        let frac = if r.kind == Kind::Disk { "-".to_string() } else { num(g.median / line_rate, 2) };
+        let _ = writeln!(
+            out,
+            "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}  {:<16}",
+            r.name,
+            num(g.median, 2),
+            spread(g),
+            frac,
+            num(r.cpu_per_gb(), 3),
+            fmt_bytes(r.peak_pinned),
+            r.intact.short(),
+            h200_ref(&r.name).unwrap_or("")
+        );
+    }
+}
+
+fn legend(out: &mut String, rows: &[&Row]) {
+    for r in rows {
+        let mut line = format!("  {:<18} {}", r.name, r.what);
+        if !r.strategy.is_empty() {
+            let _ = write!(line, " [{}]", r.strategy);
+        }
+        for (k, v) in &r.notes {
+            let _ = write!(line, "; {k}: {v}");
+        }
+        match r.intact {
+            Intact::No { expected, got } => {
+                let _ = write!(line, "; DATA DAMAGED: checksum {got:#018x}, expected {expected:#018x}");
+            }
+            Intact::Verified(ok) => {
+                let _ = write!(
+                    line,
+                    "; checked by an extra verifying pass: {}",
+                    if ok { "intact" } else { "DATA DAMAGED" }
+                );
+            }
+            _ => {}
+        }
+        let _ = writeln!(out, "{line}");
+    }
+}
+
+/// "What this shows": which way is fast, by how much, and why.
+fn explain(out: &mut String, s: &Summary) {
+    // Whole passes over the file only (budget-reuse moves a smaller range).
+    let ok: Vec<&Row> =
+        s.rows.iter().filter(|r| r.ok() && r.kind == Kind::Stream && r.name != "budget-reuse").collect();
+    let Some(best) = ok.iter().max_by(|a, b| a.gbps().median.total_cmp(&b.gbps().median)) else { return };
+    let bg = best.gbps().median;
+    let _ = writeln!(out, "\nWhat this shows:");
+    let _ = writeln!(
+        out,
+        "  - fastest: {} at {:.2} GB/s = {:.2} of the line rate ({}).",
+        best.name,
+        bg,
+        bg / s.line_rate,
+        best.what
+    );
+    let times = |r: &Row| bg / r.gbps().median;
+    if let Some(r) = find(s.rows, "per-batch-pinned") {
+        let alloc =
+            r.notes.iter().find(|(k, _)| k.starts_with("cudaHostAlloc")).map(|(_, v)| v.as_str()).unwrap_or("?");
+        let _ = writeln!(
+            out,
+            "  - per-batch-pinned (the seed's way) reached {:.2} GB/s, {:.1}x slower than {}: allocating pinned memory \
+             costs {alloc} s per GiB here (H200: 0.34) and synchronizes the device, more than the copy it serves. \
+             Allocate pinned memory once and reuse it.",
+            r.gbps().median,
+            times(r),
+            best.name
+        );
+    }
+    if let Some(r) = find(s.rows, "pageable") {
+        let _ = writeln!(
+            out,
+            "  - pageable reached {:.2} GB/s ({:.2} of the line rate): the driver copies pageable memory through its own \
+             small pinned staging buffer, one CPU memcpy at a time, so the copy engine waits on the CPU.",
+            r.gbps().median,
+            r.fraction(s.line_rate)
+        );
+    }
+    let rings: Vec<&&Row> = ok.iter().filter(|r| r.name.starts_with("ring-")).collect();
+    if let (Some(first), Some(last)) = (rings.first(), rings.last())
+        && rings.len() > 1
+    {
+        let _ = writeln!(
+            out,
+            "  - the pinned ring: {:.2} GB/s with {}, {:.2} GB/s with {} at {:.3} CPU s/GB: the CPU copies every byte \
+             into a slot first (pread), so it is bounded by host memory bandwidth and costs cores.",
+            first.gbps().median,
+            first.name,
+            last.gbps().median,
+            last.name,
+            last.cpu_per_gb()
+        );
+    }
+    if let Some(r) = find(s.rows, "windows") {
+        let _ = writeln!(
+            out,
+            "  - windows reached {:.2} GB/s at {:.3} CPU s/GB: no memcpy (the page cache is registered in place), \
+             but the driver registers and unregisters pages one call at a time (serialized; ~30 GB/s on the H200).",
+            r.gbps().median,
+            r.cpu_per_gb()
+        );
+    }
+    if let Some(r) = find(s.rows, "whole-file") {
+        let again = find(s.rows, "budget-reuse")
+            .map(|a| {
+                format!(
+                    ", and copying again from a kept registration runs at {:.2} GB/s (budget-reuse)",
+                    a.gbps().median
+                )
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  - whole-file reached {:.2} GB/s for one pass, registering and unregistering {} included{again}; but it \
+             pins the whole file at once, which a machine may refuse (the seed's 68 GiB memmap could not be pinned).",
+            r.gbps().median,
+            fmt_bytes(r.bytes)
+        );
+    }
+    if let Some(r) = find(s.rows, "auto") {
+        let _ = writeln!(
+            out,
+            "  - auto chose {} and reached {:.2} GB/s = {:.2} of the line rate within the pin budget.",
+            r.strategy,
+            r.gbps().median,
+            r.fraction(s.line_rate)
+        );
+    }
+    if let Some(d) = find(s.rows, "disk-direct") {
+        let cold: Vec<String> = ["cold-auto", "cold-direct"]
+            .iter()
+            .filter_map(|n| find(s.rows, n))
+            .map(|r| format!("{} {:.2} GB/s", r.name, r.gbps().median))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  - a file that is not in the page cache comes at the disk's pace: O_DIRECT reads give {:.2} GB/s here{}{}.",
+            d.gbps().median,
+            if cold.is_empty() { "" } else { "; " },
+            cold.join(", ")
+        );
+    }
+}
+
+fn header(out: &mut String, s: &Summary) {
+    if s.gpu.emulated {
+        let _ = writeln!(out, "*** {EMULATED} ***");
+    }
+    let _ = writeln!(out, "{}", s.gpu.describe());
+    let _ = writeln!(
+        out,
+        "{} timed repetition(s) per run (the library's runs on a page-cached file after an untimed first pass): the median \
+         is shown,\nspread = min-max GB/s; GB = 10^9 bytes; wall-clock times, CPU = all threads of the process; up to {} \
+         filler threads",
+        s.reps, s.threads
+    );
+    let _ = writeln!(
+        out,
+        "line rate: {:.2} GB/s ({}){}",
+        s.line_rate,
+        s.line.what,
+        if s.gpu.emulated { " [emulated]" } else { "" }
+    );
+}
+
+/// The human-readable report.
+pub fn text(s: &Summary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out);
+    header(&mut out, s);
+    if let Some(f) = &s.file {
+        let _ = writeln!(
+            out,
+            "\nStreaming {} ({}, {}; checksum {:#018x}) to {}",
+            f.path,
+            fmt_bytes(f.bytes),
+            if f.demo { "demo file, page-cached" } else { "your file" },
+            f.checksum,
+            f.destination
+        );
+        let _ = writeln!(
+            out,
+            "pin budget {} (the file is {:.1}x the budget)",
+            fmt_bytes(f.budget),
+            f.bytes as f64 / f.budget as f64
+        );
+        for n in &f.notes {
+            let _ = writeln!(out, "note: {n}");
+        }
+        if s.gpu.emulated {
+            let _ = writeln!(out, "*** {EMULATED} ***");
+        }
+        let mut rows: Vec<&Row> = vec![s.line];
+        rows.extend(s.rows.iter());
+        table_rows(&mut out, &rows, s.line_rate);
+        let _ = writeln!(
+            out,
+            "(x line = fraction of this run's line rate; H200 (facts) = GB/s @ CPU s/GB measured once on the H200 by \
+             the facts file's C probes)"
+        );
+        let _ = writeln!(out, "\nWhat each row does:");
+        legend(&mut out, &rows);
+        explain(&mut out, s);
+    }
+    if !s.seed.is_empty() {
+        seed_text(&mut out, s);
+    }
+    if let Some(o) = s.overhead {
+        let _ = writeln!(
+            out,
+            "\nSafe-layer overhead{}: {} async 64 KiB H2D copies each way, {} interleaved rounds of {}; per copy, median (min-max):",
+            if s.gpu.emulated { " [EMULATED]" } else { "" },
+            o.copies(),
+            o.rounds,
+            o.batch
+        );
+        let _ = writeln!(
+            out,
+            "  cuda-safe Stream::copy_to_device + detach  {:>7.3} us CPU ({:.3}-{:.3}), {:.3} us wall",
+            o.safe_cpu_us.median, o.safe_cpu_us.min, o.safe_cpu_us.max, o.safe_wall_us.median
+        );
+        let _ = writeln!(
+            out,
+            "  raw cudaMemcpyAsync through cuda-sys       {:>7.3} us CPU ({:.3}-{:.3}), {:.3} us wall",
+            o.raw_cpu_us.median, o.raw_cpu_us.min, o.raw_cpu_us.max, o.raw_wall_us.median
+        );
+        let _ = writeln!(
+            out,
+            "  raw cudaSetDevice + cudaMemcpyAsync        {:>7.3} us CPU ({:.3}-{:.3})  (what making the device current costs)",
+            o.raw_set_cpu_us.median, o.raw_set_cpu_us.min, o.raw_set_cpu_us.max
+        );
+        let _ = writeln!(
+            out,
+            "  overhead {:+.1} % CPU per copy (per round: median {:+.1} %, {:+.1} .. {:+.1} %)",
+            o.pct, o.round_pct.median, o.round_pct.min, o.round_pct.max
+        );
+    }
+    let goals = goals(s);
+    if !goals.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nGoals (pinned-mem issue){}:",
+            if s.gpu.emulated { " — EMULATED: these are not GPU measurements" } else { "" }
+        );
+        for g in &goals {
+            let tag = match g.pass {
+                Some(true) => "PASS",
+                Some(false) => "MISS",
+                None => "----",
+            };
+            let _ = writeln!(out, "  {tag}  {}", g.detail);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{ANCHORS}\n(from {FACTS}; measure on your machine with this bench, they are leads, not promises)"
+    );
+    if s.gpu.emulated {
+        let _ = writeln!(out, "*** {EMULATED} ***");
+    }
+    out
+}
+
+fn seed_text(out: &mut String, s: &Summary) {
+    let rows = s.seed.first().map_or(0, |r| r.bytes as usize / seed::ROW_BYTES);
+    let _ = writeln!(
+        out,
+        "\nThe seed's experiment{}: a = torch.rand({rows}, {}) ({:.2} GB of float32), `for i in a: ...` row by row",
+        if s.gpu.emulated { " [EMULATED]" } else { "" },
+        seed::COLS,
+        s.seed.first().map_or(0.0, |r| r.bytes as f64 / 1e9)
+    );
+    let _ = writeln!(
+        out,
+        "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}  {:<12}",
+        "variant", "code", "wall ms", "CPU ms", "GB/s", "x line", "intact", "H200 (facts)"
+    );
+    for r in s.seed {
+        if let Some(e) = &r.error {
+            let _ = writeln!(out, "{:<16} {:<50} FAILED: {e}", r.name, r.strategy);
+            continue;
+        }
+        let g = r.gbps();
+        let _ = writeln!(
+            out,
+            "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}  {:<12}",
+            r.name,
+            r.strategy,
+            num(r.seconds() * 1e3, 1),
+            num(r.cpu_seconds() * 1e3, 1),
+            num(g.median, 2),
+            num(g.median / s.line_rate, 2),
+            r.intact.short(),
+            h200_ref(&r.name).unwrap_or("")
+        );
+    }
+    let refs: Vec<&Row> = s.seed.iter().collect();
+    legend(out, &refs);
+    if let (Some(pin), Some(reg)) = (find(s.seed, "seed-pin-nb"), find(s.seed, "seed-registered")) {
+        let _ = writeln!(
+            out,
+            "Pinning a new buffer for every row (seed-pin-nb) is {:.1}x slower than pinning the tensor once \
+             (seed-registered): the pinning, not the copy, is what is slow.",
+            reg.gbps().median / pin.gbps().median
+        );
+    }
+    let _ = writeln!(
+        out,
+        "seed-pin*: a fresh cudaHostAlloc per row, as the seed's answer describes (cuda-safe's PinnedBuffer::new also\n\
+         zero-fills it); PyTorch 2.11 caches pinned blocks and copies with many threads instead: see its own table."
+    );
+    match s.torch {
+        Some(t) => {
+            let _ = writeln!(out, "\nPyTorch's own run of the same (pinned-mem/bench/torch_seed.py):");
+            for l in t.text.lines() {
+                let _ = writeln!(out, "  {l}");
+            }
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "PyTorch's own run of the same: python3 pinned-mem/bench/torch_seed.py (needs torch and a GPU)."
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------- JSON
+
+enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Int(u64),
+    Str(String),
+    /// Already-serialized JSON, inserted as it is.
+    Raw(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(&'static str, Json)>),
+}
+
+fn s(v: impl Into<String>) -> Json {
+    Json::Str(v.into())
+}
+
+fn f(v: f64) -> Json {
+    if v.is_finite() { Json::Num(v) } else { Json::Null }
+}
+
+fn opt<T>(v: Option<T>, g: impl FnOnce(T) -> Json) -> Json {
+    v.map_or(Json::Null, g)
+}
+
+fn escape(out: &mut String, v: &str) {
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+impl Json {
+    fn write(&self, out: &mut String, indent: usize) {
+        let pad = |out: &mut String, n: usize| out.extend(std::iter::repeat_n(' ', n));
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Num(v) => {
+                let _ = write!(out, "{v}");
+            }
+            Json::Int(v) => {
+                let _ = write!(out, "{v}");
+            }
+            Json::Str(v) => escape(out, v),
+            Json::Raw(v) => out.push_str(v.trim()),
+            Json::Arr(items) if items.is_empty() => out.push_str("[]"),
+            Json::Arr(items) => {
+                out.push_str("[\n");
+                for (i, it) in items.iter().enumerate() {
+                    pad(out, indent + 2);
+                    it.write(out, indent + 2);
+                    out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
+                }
+                pad(out, indent);
+                out.push(']');
+            }
+            Json::Obj(fields) => {
+                out.push_str("{\n");
+                for (i, (k, v)) in fields.iter().enumerate() {
+                    pad(out, indent + 2);
+                    escape(out, k);
+                    out.push_str(": ");
+                    v.write(out, indent + 2);
+                    out.push_str(if i + 1 < fields.len() { ",\n" } else { "\n" });
+                }
+                pad(out, indent);
+                out.push('}');
+            }
+        }
+    }
+}
+
+fn row_json(r: &Row, line_rate: f64) -> Json {
+    let g = r.gbps();
+    Json::Obj(vec![
+        ("name", s(&r.name)),
+        ("kind", s(r.kind.name())),
+        ("description", s(&r.what)),
+        ("strategy", s(&r.strategy)),
+        ("bytes", Json::Int(r.bytes)),
+        ("gbps_median", f(g.median)),
+        ("gbps_min", f(g.min)),
+        ("gbps_max", f(g.max)),
+        ("fraction_of_line_rate", if r.kind == Kind::Disk { Json::Null } else { f(g.median / line_rate) }),
+        ("cpu_s_per_gb", f(r.cpu_per_gb())),
+        ("seconds_median", f(r.seconds())),
+        ("cpu_seconds_median", f(r.cpu_seconds())),
+        ("peak_pinned_bytes", Json::Int(r.peak_pinned)),
+        ("registrations", opt(r.registrations, Json::Int)),
+        ("intact", opt(r.intact.as_bool(), Json::Bool)),
+        (
+            "checksum",
+            match &r.intact {
+                Intact::Yes(c) | Intact::No { got: c, .. } => s(format!("{c:#018x}")),
+                Intact::Verified(_) => s("read back and compared by the library after each copy (scratch buffer)"),
+                Intact::Unchecked(why) => s(format!("not checked: {why}")),
+            },
+        ),
+        ("error", opt(r.error.as_deref(), s)),
+        ("skipped", opt(r.skipped.as_deref(), s)),
+        ("h200_reference", opt(h200_ref(&r.name), s)),
+        (
+            "samples",
+            Json::Arr(
+                r.samples
+                    .iter()
+                    .map(|x| Json::Obj(vec![("seconds", f(x.seconds)), ("cpu_seconds", f(x.cpu_seconds))]))
+                    .collect(),
+            ),
+        ),
+        ("notes", Json::Arr(r.notes.iter().map(|(k, v)| Json::Arr(vec![s(k), s(v)])).collect())),
+    ])
+}
+
+pub fn json(sm: &Summary) -> String {
+    let gpu = sm.gpu;
+    let stats_json = |st: Stats| Json::Obj(vec![("median", f(st.median)), ("min", f(st.min)), ("max", f(st.max))]);
+    let doc = Json::Obj(vec![
+        ("tool", s("pinned-mem bench")),
+        ("version", s(env!("CARGO_PKG_VERSION"))),
+        ("emulated", Json::Bool(gpu.emulated)),
+        ("label", if gpu.emulated { s(EMULATED) } else { Json::Null }),
+        (
+            "device",
+            Json::Obj(vec![
+                ("ordinal", Json::Int(gpu.device.ordinal() as u64)),
+                ("name", s(&gpu.name)),
+                ("runtime_version", Json::Int(gpu.runtime_version.max(0) as u64)),
+                ("driver_version", Json::Int(gpu.driver_version.max(0) as u64)),
+                ("runtime_path", s(&gpu.runtime_path)),
+                ("memory_free_bytes", Json::Int(gpu.free)),
+                ("memory_total_bytes", Json::Int(gpu.total)),
+            ]),
+        ),
+        (
+            "config",
+            Json::Obj(vec![
+                ("reps", Json::Int(sm.reps as u64)),
+                ("threads", Json::Int(sm.threads as u64)),
+                ("quick", Json::Bool(sm.opts.quick)),
+                ("cores", Json::Int(crate::util::cores() as u64)),
+            ]),
+        ),
+        ("line_rate_gbps", f(sm.line_rate)),
+        ("line_rate", row_json(sm.line, sm.line_rate)),
+        (
+            "file",
+            opt(sm.file.as_ref(), |fi| {
+                Json::Obj(vec![
+                    ("path", s(&fi.path)),
+                    ("bytes", Json::Int(fi.bytes)),
+                    ("demo", Json::Bool(fi.demo)),
+                    ("checksum", s(format!("{:#018x}", fi.checksum))),
+                    ("pin_budget_bytes", Json::Int(fi.budget)),
+                    ("destination", s(&fi.destination)),
+                    ("notes", Json::Arr(fi.notes.iter().map(s).collect())),
+                ])
+            }),
+        ),
+        ("results", Json::Arr(sm.rows.iter().map(|r| row_json(r, sm.line_rate)).collect())),
+        ("seed", Json::Arr(sm.seed.iter().map(|r| row_json(r, sm.line_rate)).collect())),
+        (
+            "overhead",
+            opt(sm.overhead, |o| {
+                Json::Obj(vec![
+                    ("copy_bytes", Json::Int(crate::overhead::COPY_BYTES as u64)),
+                    ("copies_each", Json::Int(o.copies() as u64)),
+                    ("rounds", Json::Int(o.rounds as u64)),
+                    ("safe_cpu_us_per_copy", stats_json(o.safe_cpu_us)),
+                    ("raw_cpu_us_per_copy", stats_json(o.raw_cpu_us)),
+                    ("raw_set_device_cpu_us_per_copy", stats_json(o.raw_set_cpu_us)),
+                    ("safe_wall_us_per_copy", stats_json(o.safe_wall_us)),
+                    ("raw_wall_us_per_copy", stats_json(o.raw_wall_us)),
+                    ("round_overhead_pct", stats_json(o.round_pct)),
+                    ("overhead_pct", f(o.pct)),
+                ])
+            }),
+        ),
+        (
+            "torch_seed",
+            opt(sm.torch, |t| Json::Obj(vec![("output", s(&t.text)), ("results", opt(t.json.clone(), Json::Raw))])),
+        ),
+        (
+            "goals",
+            Json::Arr(
+                goals(sm)
+                    .into_iter()
+                    .map(|g| {
+                        Json::Obj(vec![("name", s(g.name)), ("pass", opt(g.pass, Json::Bool)), ("detail", s(g.detail))])
+                    })
+                    .collect(),
+            ),
+        ),
+        ("anchors", s(ANCHORS)),
+    ]);
+    let mut out = String::new();
+    doc.write(&mut out, 0);
+    out.push('\n');
+    out
+}
+
+// ---------------------------------------------------------------- CSV
+
+fn csv_field(v: &str) -> String {
+    if v.contains([',', '"', '\n']) { format!("\"{}\"", v.replace('"', "\"\"")) } else { v.to_string() }
+}
+
+pub fn csv(sm: &Summary) -> String {
+    let mut out = String::from(
+        "kind,name,description,strategy,bytes,reps,gbps_median,gbps_min,gbps_max,fraction_of_line_rate,cpu_s_per_gb,peak_pinned_bytes,intact,error,emulated\n",
+    );
+    let cell = |v: f64| if v.is_finite() { format!("{v:.6}") } else { String::new() };
+    for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.seed) {
+        let g = r.gbps();
+        let frac = if r.kind == Kind::Disk { String::new() } else { cell(g.median / sm.line_rate) };
+        let intact = r.intact.as_bool().map_or(String::new(), |b| b.to_string());
+        let err = r.error.clone().or_else(|| r.skipped.as_ref().map(|s| format!("skipped: {s}"))).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            r.kind.name(),
+            csv_field(&r.name),
+            csv_field(&r.what),
+            csv_field(&r.strategy),
+            r.bytes,
+            r.samples.len(),
+            cell(g.median),
+            cell(g.min),
+            cell(g.max),
+            frac,
+            cell(r.cpu_per_gb()),
+            r.peak_pinned,
+            intact,
+            csv_field(&err),
+            sm.gpu.emulated
+        );
+    }
+    if let Some(o) = sm.overhead {
+        let what = format!(
+            "CPU us per 64 KiB async copy: cuda-safe {:.4}, raw {:.4}, overhead {:+.2} %",
+            o.safe_cpu_us.median, o.raw_cpu_us.median, o.pct
+        );
+        let _ = writeln!(out, "overhead,safe-vs-raw,{},,,{},,,,,,,,,{}", csv_field(&what), o.rounds, sm.gpu.emulated);
+    }
+    out
+}
+
+// ---------------------------------------------------------------- SVG
+
+fn xml(v: &str) -> String {
+    v.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// A horizontal bar chart of GB/s per run, whiskers at min-max, a line at the line rate.
+pub fn svg(sm: &Summary) -> String {
+    let bars: Vec<&Row> = std::iter::once(sm.line).chain(sm.rows).chain(sm.seed).filter(|r| r.ok()).collect();
+    let (left, width, bar_h, gap, top) = (190.0, 640.0, 20.0, 8.0, 80.0);
+    let max = bars.iter().map(|r| r.gbps().max).fold(sm.line_rate, f64::max).max(1e-9) * 1.12;
+    let x = |v: f64| left + v / max * width;
+    let height = top + bars.len() as f64 * (bar_h + gap) + 60.0;
+    let total_w = left + width + 130.0;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{height}" viewBox="0 0 {total_w} {height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let title = format!(
+        "Host-to-device GB/s per strategy — {}{}",
+        sm.gpu.name,
+        if sm.gpu.emulated { " — EMULATED: not GPU measurements" } else { "" }
+    );
+    let _ = writeln!(o, r#"<text x="10" y="22" font-size="15" font-weight="bold">{}</text>"#, xml(&title));
+    let sub = format!(
+        "median of {} run(s), whiskers min-max; dashed line: the line rate, {:.2} GB/s, measured in the same run",
+        sm.reps, sm.line_rate
+    );
+    let _ = writeln!(o, r##"<text x="10" y="42" fill="#444">{}</text>"##, xml(&sub));
+    let mut lx = 10.0;
+    for (color, what) in [
+        ("#2b6cb0", "line rate"),
+        ("#38a169", "file to GPU"),
+        ("#a0aec0", "disk alone (O_DIRECT)"),
+        ("#dd6b20", "the seed's experiment"),
+        ("#e53e3e", "data damaged"),
+    ] {
+        let _ = writeln!(
+            o,
+            r##"<rect x="{lx}" y="50" width="10" height="10" fill="{color}"/><text x="{}" y="59" fill="#444">{what}</text>"##,
+            lx + 14.0
+        );
+        lx += 28.0 + what.len() as f64 * 6.5;
+    }
+    for (i, r) in bars.iter().enumerate() {
+        let y = top + i as f64 * (bar_h + gap);
+        let g = r.gbps();
+        let color = match r.kind {
+            Kind::LineRate => "#2b6cb0",
+            Kind::Disk => "#a0aec0",
+            Kind::Seed => "#dd6b20",
+            Kind::Stream if r.intact.as_bool() == Some(false) => "#e53e3e",
+            Kind::Stream => "#38a169",
+        };
+        let _ = writeln!(
+            o,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            left - 8.0,
+            y + bar_h * 0.72,
+            xml(&r.name)
+        );
+        let _ = writeln!(
+            o,
+            r#"<rect x="{left}" y="{y}" width="{:.1}" height="{bar_h}" fill="{color}"><title>{}</title></rect>"#,
+            (x(g.median) - left).max(0.5),
+            xml(&format!("{}: {:.2} GB/s ({})", r.name, g.median, r.what))
+        );
+        let ym = y + bar_h / 2.0;
+        let _ = writeln!(
+            o,
+            r##"<line x1="{:.1}" x2="{:.1}" y1="{ym}" y2="{ym}" stroke="#222"/><line x1="{:.1}" x2="{:.1}" y1="{}" y2="{}" stroke="#222"/><line x1="{:.1}" x2="{:.1}" y1="{}" y2="{}" stroke="#222"/>"##,
+            x(g.min),
+            x(g.max),
+            x(g.min),
+            x(g.min),
+            ym - 5.0,
+            ym + 5.0,
+            x(g.max),
+            x(g.max),
+            ym - 5.0,
+            ym + 5.0
+        );
+        let label = if r.kind == Kind::Disk {
+            format!("{:.2}", g.median)
+        } else {
+            format!("{:.2} ({:.2}x)", g.median, g.median / sm.line_rate)
+        };
+        let _ = writeln!(o, r#"<text x="{:.1}" y="{}">{}</text>"#, x(g.max) + 6.0, y + bar_h * 0.72, xml(&label));
+    }
+    let lx = x(sm.line_rate);
+    let bottom = top + bars.len() as f64 * (bar_h + gap);
+    let _ = writeln!(
+        o,
+        r##"<line x1="{lx:.1}" x2="{lx:.1}" y1="{}" y2="{bottom}" stroke="#2b6cb0" stroke-dasharray="5,4"/>"##,
+        top - 8.0
+    );
+    let _ = writeln!(o, r##"<line x1="{left}" x2="{}" y1="{bottom}" y2="{bottom}" stroke="#888"/>"##, left + width);
+    let step = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0].into_iter().find(|s| max / s <= 8.0).unwrap_or(200.0);
+    let mut t = 0.0;
+    while t <= max {
+        let _ =
+            writeln!(o, r##"<text x="{:.1}" y="{}" text-anchor="middle" fill="#444">{t}</text>"##, x(t), bottom + 16.0);
+        t += step;
+    }
+    let _ = writeln!(
+        o,
+        r##"<text x="{}" y="{}" text-anchor="middle" fill="#444">GB/s (10^9 bytes per second)</text>"##,
+        left + width / 2.0,
+        bottom + 36.0
+    );
+    o.push_str("</svg>\n");
+    o
+}

@@ -1,0 +1,105 @@
+//! The safe layer's cost: CPU time per 64 KiB asynchronous host-to-device copy
+//! through cuda-safe (`Stream::copy_to_device` + `detach`) against a raw
+//! `cudaMemcpyAsync` through cuda-sys, in the same run, interleaved. A third
+//! variant, raw `cudaSetDevice` + `cudaMemcpyAsync`, shows how much of the
+//! difference is the safe layer making the device current on every call.
+
+use crate::rawcuda;
+use crate::runs::Bench;
+use crate::util::{Result, Stats, stats, thread_cpu_seconds};
+use cuda_safe::{DeviceBuffer, PinnedBuffer, Stream};
+use std::time::Instant;
+
+pub const COPY_BYTES: usize = 64 << 10;
+/// Copies per batch: few enough that the stream's queue never fills (a full
+/// queue makes the enqueue wait for the GPU, which is not overhead).
+pub const BATCH: usize = 500;
+
+pub struct Overhead {
+    pub rounds: usize,
+    pub batch: usize,
+    /// Microseconds of CPU per copy, per round.
+    pub safe_cpu_us: Stats,
+    pub raw_cpu_us: Stats,
+    /// Raw, with `cudaSetDevice` before each copy.
+    pub raw_set_cpu_us: Stats,
+    pub safe_wall_us: Stats,
+    pub raw_wall_us: Stats,
+    /// Per-round overhead in percent (safe over raw CPU time, same round).
+    pub round_pct: Stats,
+    /// Overhead of the medians, in percent.
+    pub pct: f64,
+}
+
+impl Overhead {
+    pub const GOAL_PCT: f64 = 3.0;
+    pub fn copies(&self) -> usize {
+        self.rounds * self.batch
+    }
+}
+
+fn safe_batch(stream: &Stream, src: &PinnedBuffer<u8>, dst: &mut DeviceBuffer<u8>, count: usize) -> Result<(f64, f64)> {
+    stream.device().synchronize()?;
+    let (c0, t0) = (thread_cpu_seconds(), Instant::now());
+    for _ in 0..count {
+        stream.copy_to_device(src, dst)?.detach();
+    }
+    let r = (thread_cpu_seconds() - c0, t0.elapsed().as_secs_f64());
+    stream.synchronize()?;
+    Ok(r)
+}
+
+pub fn run(b: &mut Bench) -> Result<Overhead> {
+    let dev = b.gpu.device;
+    let rounds = if b.opts.quick { 8 } else { 100 };
+    let mut src = PinnedBuffer::<u8>::new(COPY_BYTES)?;
+    crate::data::fill_pattern(src.as_mut_slice()?, 3, 0);
+    let mut dst_safe = DeviceBuffer::<u8>::new(&dev, COPY_BYTES)?;
+    let mut dst_raw = DeviceBuffer::<u8>::new(&dev, COPY_BYTES)?;
+    let (safe_stream, raw_stream) = (Stream::new(&dev)?, Stream::new(&dev)?);
+    // Warm-up: first calls load code and fill caches.
+    safe_batch(&safe_stream, &src, &mut dst_safe, BATCH)?;
+    rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, false)?;
+    rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, true)?;
+    let per = |x: f64| x * 1e6 / BATCH as f64;
+    let (mut sc, mut rc, mut rsc, mut sw, mut rw, mut pct) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for r in 0..rounds {
+        b.progress.begin("overhead (cuda-safe vs raw cuda-sys)", r + 1, rounds);
+        // Alternate the order so that neither side always runs first.
+        let (s, raw) = if r % 2 == 0 {
+            let s = safe_batch(&safe_stream, &src, &mut dst_safe, BATCH)?;
+            (s, rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, false)?)
+        } else {
+            let raw = rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, false)?;
+            (safe_batch(&safe_stream, &src, &mut dst_safe, BATCH)?, raw)
+        };
+        let raw_set = rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, true)?;
+        sc.push(per(s.0));
+        rc.push(per(raw.0));
+        rsc.push(per(raw_set.0));
+        sw.push(per(s.1));
+        rw.push(per(raw.1));
+        pct.push((s.0 / raw.0.max(1e-12) - 1.0) * 100.0);
+        b.progress.update((r + 1) as u64, rounds as u64);
+    }
+    let (safe_cpu_us, raw_cpu_us) = (stats(&sc), stats(&rc));
+    let o = Overhead {
+        rounds,
+        batch: BATCH,
+        safe_cpu_us,
+        raw_cpu_us,
+        raw_set_cpu_us: stats(&rsc),
+        safe_wall_us: stats(&sw),
+        raw_wall_us: stats(&rw),
+        round_pct: stats(&pct),
+        pct: (safe_cpu_us.median / raw_cpu_us.median.max(1e-12) - 1.0) * 100.0,
+    };
+    b.progress.note(&format!(
+        "  overhead           cuda-safe {:.3} us vs raw {:.3} us CPU per 64 KiB copy: {:+.1} %{}",
+        o.safe_cpu_us.median,
+        o.raw_cpu_us.median,
+        o.pct,
+        if b.gpu.emulated { "  [emulated]" } else { "" }
+    ));
+    Ok(o)
+}

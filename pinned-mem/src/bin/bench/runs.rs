@@ -1,0 +1,591 @@
+//! The measured runs: the line rate, the baselines written here with
+//! cuda-safe, the library's strategies, the disk and the cold runs.
+
+use crate::args::Options;
+use crate::checksum::{self, Readback};
+use crate::data::{self, Data};
+use crate::gpu::Gpu;
+use crate::progress::Progress;
+use crate::rawcuda;
+use crate::results::{Intact, Kind, Row, Sample};
+use crate::util::{Fatal, GIB, KIB, MIB, Result, fmt_bytes, pieces, process_cpu_seconds, round_down};
+use cuda_safe::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
+use pinned_mem::{PinBudget, Report, Strategy, StreamConfig, Streamer};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The chunk size of the baselines (the facts file's probes used 64 MiB).
+pub const CHUNK: u64 = 64 * MIB;
+
+/// What every run shares.
+pub struct Bench {
+    pub opts: Options,
+    pub gpu: Gpu,
+    pub stream: Stream,
+    pub progress: Arc<Progress>,
+    /// Most filler threads (--threads, default the cores).
+    pub threads: usize,
+    pub reps: usize,
+    pub readback: Readback,
+    /// GB/s of the line-rate run of this process.
+    pub line_rate: f64,
+}
+
+impl Bench {
+    fn label(&self, row: &Row, s: &Sample, reps: usize) -> String {
+        let gbps = row.bytes as f64 / s.seconds.max(1e-12) / 1e9;
+        let frac =
+            if self.line_rate > 0.0 { format!(", {:.2} of line rate", gbps / self.line_rate) } else { String::new() };
+        format!(
+            "{} rep {}/{}: {gbps:.2} GB/s{frac}, {:.3} CPU s/GB{}",
+            row.name,
+            row.samples.len(),
+            reps,
+            s.cpu_seconds / (row.bytes as f64 / 1e9),
+            if self.gpu.emulated { " [emulated]" } else { "" }
+        )
+    }
+
+    fn sample_done(&self, row: &mut Row, s: Sample) {
+        row.samples.push(s);
+        self.progress.rep_done(&self.label(row, &s, self.reps), self.reps);
+    }
+
+    fn finished(&self, row: &Row) {
+        let msg = if let Some(e) = &row.error {
+            format!("  {:<18} FAILED: {e}", row.name)
+        } else if let Some(s) = &row.skipped {
+            format!("  {:<18} skipped: {s}", row.name)
+        } else {
+            let g = row.gbps();
+            let frac = if self.line_rate > 0.0 && row.kind != Kind::Disk {
+                format!(" = {:.2} x line rate", g.median / self.line_rate)
+            } else {
+                String::new()
+            };
+            format!(
+                "  {:<18} {:8.2} GB/s{frac}, {:.3} CPU s/GB, intact: {}{}",
+                row.name,
+                g.median,
+                row.cpu_per_gb(),
+                row.intact.short(),
+                if self.gpu.emulated { "  [emulated]" } else { "" }
+            )
+        };
+        self.progress.note(&msg);
+    }
+}
+
+/// Times `f` (wall and process CPU).
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, Sample)> {
+    let (c0, t0) = (process_cpu_seconds(), Instant::now());
+    let v = f()?;
+    Ok((v, Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: process_cpu_seconds() - c0 }))
+}
+
+/// Turns a failure into the row's error, unless the CUDA context is gone.
+fn settle(mut row: Row, r: Result<()>) -> Result<Row> {
+    if let Err(e) = r {
+        let msg = e.to_string();
+        if msg.contains("sticky") || msg.contains("context is lost") {
+            return Err(Fatal::Run(format!("{}: {msg} (the CUDA context is lost: stopping)", row.name)));
+        }
+        row.error = Some(msg);
+    }
+    Ok(row)
+}
+
+// ---------------------------------------------------------------- line rate
+
+/// A resident pinned buffer copied to the device again and again with
+/// cudaMemcpyAsync, timed with events: the fastest any host-to-device copy goes.
+pub fn line_rate(b: &mut Bench) -> Result<Row> {
+    let n = if b.opts.quick { 64 * MIB } else { 256 * MIB } as usize;
+    let per_rep = if b.opts.quick { GIB } else { 4 * GIB };
+    let k = (per_rep / n as u64).max(1) as usize;
+    let mut row = Row::new(
+        "line-rate",
+        Kind::LineRate,
+        &format!("resident {} pinned buffer, cudaMemcpyAsync x{k}", fmt_bytes(n as u64)),
+        (n * k) as u64,
+    );
+    row.strategy = "cudaHostAlloc once + cudaMemcpyAsync".into();
+    row.peak_pinned = n as u64;
+    let reps = b.reps.max(3);
+    let r = (|| -> Result<()> {
+        let dev = b.gpu.device;
+        let mut host = PinnedBuffer::<u8>::new(n)?;
+        data::fill_pattern(host.as_mut_slice()?, 0x11, 0);
+        let expected = checksum::of_host(host.as_slice()?, b.threads);
+        let mut on_dev = DeviceBuffer::<u8>::new(&dev, n)?;
+        let timing = EventOptions { timing: true, blocking_sync: true }; // waiting sleeps, as the library's does
+        let (start, end) = (Event::new(&dev, timing)?, Event::new(&dev, timing)?);
+        b.stream.copy_to_device(&host, &mut on_dev)?.wait()?; // warm-up
+        let mut engine = Vec::new();
+        for rep in 0..reps {
+            b.progress.begin("line-rate", rep + 1, reps);
+            // Wall clock, as every other run here (and the facts file's probes)
+            // is timed; the events give the copy engine's own time besides.
+            let (ms, s) = timed(|| {
+                b.stream.record(&start)?;
+                for _ in 0..k {
+                    b.stream.copy_to_device(&host, &mut on_dev)?.detach();
+                }
+                b.stream.record(&end)?;
+                end.synchronize()?;
+                Ok(end.elapsed_ms(&start)?)
+            })?;
+            engine.push(row.bytes as f64 / (f64::from(ms) / 1e3) / 1e9);
+            row.samples.push(s);
+            b.line_rate = row.gbps().median;
+            b.progress.rep_done(&b.label(&row, &s, reps), reps);
+        }
+        row.note("copy engine alone (event-timed) GB/s", format!("{:.2}", crate::util::stats(&engine).median));
+        row.intact = Intact::compare(expected, b.readback.checksum(&on_dev, 0..n)?);
+        Ok(())
+    })();
+    let row = settle(row, r)?;
+    if !row.ok() {
+        return Err(Fatal::Run(format!(
+            "the line-rate run failed, so nothing can be compared with it: {}",
+            row.error.as_deref().unwrap_or("?")
+        )));
+    }
+    b.line_rate = row.gbps().median;
+    b.finished(&row);
+    Ok(row)
+}
+
+// ---------------------------------------------------------------- destination
+
+/// Where the file goes on the device: a buffer of the file's size when it fits
+/// in free device memory, else a scratch buffer that the data wraps around in.
+pub struct Dest {
+    pub buf: DeviceBuffer<u8>,
+    pub scratch: bool,
+}
+
+impl Dest {
+    pub fn new(gpu: &Gpu, len: u64) -> Result<Dest> {
+        let (free, _) = gpu.device.mem_info()?;
+        let free = free as u64;
+        let margin = 512 * MIB + free / 20;
+        if len + margin <= free {
+            return Ok(Dest { buf: DeviceBuffer::new(&gpu.device, len as usize)?, scratch: false });
+        }
+        let s = round_down((free / 2).min(4 * GIB), CHUNK);
+        if s + margin / 2 > free {
+            return Err(Fatal::Run(format!(
+                "the GPU has only {} free: not enough for a scratch buffer",
+                fmt_bytes(free)
+            )));
+        }
+        Ok(Dest { buf: DeviceBuffer::new(&gpu.device, s as usize)?, scratch: true })
+    }
+
+    pub fn describe(&self) -> String {
+        if self.scratch {
+            format!(
+                "a {} scratch buffer on the GPU (the file does not fit: it wraps around)",
+                fmt_bytes(self.buf.len() as u64)
+            )
+        } else {
+            format!("a {} device buffer (the whole file)", fmt_bytes(self.buf.len() as u64))
+        }
+    }
+
+    /// Device offset of file offset `off` (relative to the range start).
+    fn at(&self, off: u64) -> usize {
+        if self.scratch { (off % self.buf.len() as u64) as usize } else { off as usize }
+    }
+
+    fn clear(&mut self, stream: &Stream) -> Result<()> {
+        stream.memset(&mut self.buf, 0)?.wait()?;
+        Ok(())
+    }
+
+    /// Compares what is on the device with what `data` (streamed from its start) should have left there.
+    fn verify(&self, b: &mut Bench, data: &[u8], whole_sum: Option<u64>) -> Result<Intact> {
+        let n = data.len();
+        let s = self.buf.len();
+        let (expected, dev_range) = if !self.scratch || n <= s {
+            let e = match whole_sum {
+                Some(sum) if n == data.len() => sum,
+                _ => checksum::of_host(data, b.threads),
+            };
+            (e, 0..n)
+        } else {
+            // The last pass left data[n-r..n] at the start, data[n-s..n-r] after it.
+            let r = n % s;
+            (checksum::of_parts(&[&data[n - r..], &data[n - s..n - r]]), 0..s)
+        };
+        let got = b.readback.checksum(&self.buf, dev_range)?;
+        Ok(Intact::compare(expected, got))
+    }
+}
+
+// ---------------------------------------------------------------- baselines
+
+/// Pageable copies straight from the file mapping, cudaMemcpy per 64 MiB chunk.
+pub fn pageable(b: &mut Bench, data: &Data, dest: &mut Dest) -> Result<Row> {
+    let mut row = Row::new("pageable", Kind::Stream, "cudaMemcpy straight from the mapping, 64 MiB chunks", data.len);
+    row.strategy = "pageable cudaMemcpy (driver staging)".into();
+    let r = (|| -> Result<()> {
+        let bytes = data.bytes();
+        for rep in 0..b.reps {
+            dest.clear(&b.stream)?;
+            b.progress.begin(&row.name, rep + 1, b.reps);
+            let mut done = 0u64;
+            let ((), s) = timed(|| {
+                let copies: Vec<(usize, &[u8])> = pieces(data.len, CHUNK)
+                    .map(|r| (dest.at(r.start), &bytes[r.start as usize..r.end as usize]))
+                    .collect();
+                rawcuda::copy_pageable(&mut dest.buf, copies, |n| {
+                    done += n as u64;
+                    b.progress.update(done, data.len);
+                })
+            })?;
+            b.sample_done(&mut row, s);
+        }
+        row.intact = dest.verify(b, bytes, Some(data.checksum))?;
+        Ok(())
+    })();
+    let row = settle(row, r)?;
+    b.finished(&row);
+    Ok(row)
+}
+
+/// The seed's anti-pattern: pinned memory allocated per batch (cudaHostAlloc),
+/// filled, copied, freed.
+pub fn per_batch_pinned(b: &mut Bench, data: &Data, dest: &mut Dest) -> Result<Row> {
+    let mut row = Row::new(
+        "per-batch-pinned",
+        Kind::Stream,
+        "cudaHostAlloc + memcpy + async copy + cudaFreeHost per 64 MiB chunk (the seed's way)",
+        data.len,
+    );
+    row.strategy = "PinnedBuffer::new per chunk".into();
+    row.peak_pinned = CHUNK.min(data.len);
+    let mut alloc_seconds = Vec::new();
+    let r = (|| -> Result<()> {
+        let bytes = data.bytes();
+        for rep in 0..b.reps {
+            dest.clear(&b.stream)?;
+            b.progress.begin(&row.name, rep + 1, b.reps);
+            let mut alloc = 0.0;
+            let ((), s) = timed(|| {
+                for r in pieces(data.len, CHUNK) {
+                    let src = &bytes[r.start as usize..r.end as usize];
+                    let t = Instant::now();
+                    let mut p = PinnedBuffer::<u8>::new(src.len())?;
+                    alloc += t.elapsed().as_secs_f64();
+                    p.as_mut_slice()?.copy_from_slice(src);
+                    let at = dest.at(r.start);
+                    b.stream.copy_to_device(&p, &mut dest.buf.slice_mut(at..at + src.len())?)?.wait()?;
+                    drop(p); // cudaFreeHost
+                    b.progress.update(r.end, data.len);
+                }
+                Ok(())
+            })?;
+            alloc_seconds.push(alloc);
+            b.sample_done(&mut row, s);
+        }
+        row.intact = dest.verify(b, bytes, Some(data.checksum))?;
+        Ok(())
+    })();
+    if !alloc_seconds.is_empty() {
+        let med = crate::util::stats(&alloc_seconds).median;
+        row.note("cudaHostAlloc (+ zero fill) s/GiB", format!("{:.3}", med / (data.len as f64 / GIB as f64)));
+    }
+    let row = settle(row, r)?;
+    b.finished(&row);
+    Ok(row)
+}
+
+// ---------------------------------------------------------------- the library
+
+/// One of the library's strategies.
+pub struct LibRun {
+    pub name: String,
+    pub what: String,
+    pub strategy: Strategy,
+    pub budget: PinBudget,
+    /// Drop the file's page cache before each repetition.
+    pub cold: bool,
+    /// Byte range of the file streamed.
+    pub range: Range<u64>,
+    /// Run once, untimed, before the repetitions: the streamer allocates its
+    /// ring or registers what it keeps then, as a program's first pass would.
+    pub warm_up: bool,
+    /// A new streamer for every repetition, made and dropped inside the timed
+    /// region: one complete pass with every setup cost (registering and
+    /// unregistering the whole file). Otherwise one streamer, made untimed,
+    /// serves every repetition, as a program would use it.
+    pub fresh: bool,
+}
+
+fn transfer(streamer: &Streamer, data: &Data, range: &Range<u64>, target: &mut Dest) -> Result<Report> {
+    Ok(if target.scratch {
+        streamer.to_scratch(&data.file, range.clone(), &mut target.buf)?
+    } else {
+        streamer.to_device(&data.file, range.clone(), &mut target.buf)?
+    })
+}
+
+pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Result<Row> {
+    let len = spec.range.end - spec.range.start;
+    let mut row = Row::new(&spec.name, Kind::Stream, &spec.what, len);
+    let r = (|| -> Result<()> {
+        let dev = b.gpu.device;
+        let callback = b.progress.callback();
+        let make = |verify: bool| -> Result<Streamer> {
+            // Verifying needs a bounce buffer on top of what the strategy pins.
+            let budget =
+                if verify { PinBudget::new(spec.budget.limit().saturating_add(16 * MIB)) } else { spec.budget.clone() };
+            let mut config = StreamConfig::new(spec.strategy, budget);
+            config.verify = verify;
+            config.progress = Some(callback.clone());
+            Ok(Streamer::new(&[dev], config)?)
+        };
+        let kept = if spec.fresh { None } else { Some(make(false)?) };
+        // A range shorter than the destination gets its own buffer of its size.
+        let mut own;
+        let target: &mut Dest = if len < dest.buf.len() as u64 && !dest.scratch {
+            own = Dest { buf: DeviceBuffer::new(&dev, len as usize)?, scratch: false };
+            &mut own
+        } else {
+            dest
+        };
+        if let Some(st) = &kept
+            && spec.warm_up
+        {
+            b.progress.begin(&format!("{} (untimed first pass)", row.name), 1, 1);
+            let (rep, s) = timed(|| transfer(st, data, &spec.range, target))?;
+            row.note("untimed first pass GB/s", format!("{:.2}", len as f64 / s.seconds / 1e9));
+            if rep.registrations > 0 {
+                row.note("its registrations", rep.registrations.to_string());
+            }
+        }
+        let mut regs = 0;
+        for rep in 0..b.reps {
+            target.clear(&b.stream)?;
+            if spec.cold {
+                data.file.drop_page_cache()?;
+                if rep == 0 {
+                    let resident = data.file.resident_bytes(spec.range.clone())?;
+                    row.note(
+                        "resident after dropping the cache",
+                        format!("{:.1} %", resident as f64 * 100.0 / len as f64),
+                    );
+                }
+            }
+            spec.budget.reset_peak();
+            b.progress.begin(&row.name, rep + 1, b.reps);
+            let (report, s) = timed(|| {
+                let fresh = if kept.is_none() { Some(make(false)?) } else { None };
+                let st = fresh.as_ref().or(kept.as_ref()).ok_or_else(|| Fatal::Run("no streamer".into()))?;
+                let r = transfer(st, data, &spec.range, target)?;
+                dev.synchronize()?;
+                drop(fresh); // a fresh streamer's teardown (unregistering) belongs to its pass
+                Ok(r)
+            })?;
+            row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
+            regs += report.registrations;
+            row.strategy = report.strategy.to_string();
+            b.sample_done(&mut row, s);
+        }
+        row.registrations = Some(regs / b.reps as u64);
+        if target.scratch && len > target.buf.len() as u64 {
+            // Parts that share scratch bytes may land in any order (threads,
+            // windows from the front and the ring from the back): no final
+            // image can be predicted, so the library checks each part as it
+            // lands, in one more pass, untimed.
+            drop(kept);
+            b.progress.begin(&format!("{} (untimed verifying pass)", row.name), 1, 1);
+            row.intact = match make(true).and_then(|st| transfer(&st, data, &spec.range, target)) {
+                Ok(Report { verified: Some(ok), .. }) => Intact::Verified(ok),
+                Ok(_) => Intact::Unchecked("the library did not verify".into()),
+                Err(e) => Intact::Unchecked(format!("the verifying pass failed: {e}")),
+            };
+        } else {
+            let from = spec.range.start as usize;
+            let whole = (spec.range == (0..data.len)).then_some(data.checksum);
+            row.intact = target.verify(b, &data.bytes()[from..from + len as usize], whole)?;
+        }
+        Ok(())
+    })();
+    let row = settle(row, r)?;
+    b.finished(&row);
+    Ok(row)
+}
+
+// ---------------------------------------------------------------- disk
+
+/// The disk alone: O_DIRECT reads of the file, one thread, 16 MiB at a time.
+pub fn disk_direct(b: &mut Bench, data: &Data) -> Result<Row> {
+    let what = "O_DIRECT reads, 16 MiB, one thread, no GPU (what `dd iflag=direct bs=16M` reads)";
+    if data.tmpfs {
+        return Ok(Row::skipped("disk-direct", Kind::Disk, what, "the file is on tmpfs (RAM): no disk to measure"));
+    }
+    let mut row = Row::new("disk-direct", Kind::Disk, what, data.len);
+    row.strategy = "pread(O_DIRECT)".into();
+    row.intact = Intact::Unchecked("disk only, nothing sent to the GPU".into());
+    let r = (|| -> Result<()> {
+        for rep in 0..b.reps {
+            b.progress.begin(&row.name, rep + 1, b.reps);
+            let (res, s) = timed(|| data::read_direct(&data.path, data.len, &b.progress))?;
+            match res {
+                Ok(secs) => b.sample_done(&mut row, Sample { seconds: secs, cpu_seconds: s.cpu_seconds }),
+                Err(why) => {
+                    row.skipped = Some(why);
+                    break;
+                }
+            }
+        }
+        Ok(())
+    })();
+    let row = settle(row, r)?;
+    b.finished(&row);
+    Ok(row)
+}
+
+// ---------------------------------------------------------------- the plan
+
+/// Bytes per slot for `slots` slots within `budget`: 64 KiB multiples, at most `cap`.
+fn slot_within(budget: u64, slots: usize, cap: u64) -> usize {
+    let g = 64 * KIB;
+    ((budget / slots as u64 / g * g).min(cap)).max(g) as usize
+}
+
+/// The pinned ring for `threads` filler threads within `budget`: two slots per
+/// thread (at least four), at most 64 MiB each.
+pub fn ring_for(threads: usize, budget: u64) -> Strategy {
+    let slots = (2 * threads).max(4);
+    Strategy::Ring { slots, slot: slot_within(budget, slots, 64 * MIB), threads }
+}
+
+/// Sliding windows within `budget`: 3 in flight, each a third of it (at most 1 GiB).
+pub fn windows_for(budget: u64) -> Strategy {
+    let g = if budget / 3 >= 2 * MIB { 2 * MIB } else { 4 * KIB };
+    Strategy::Windows { window: (budget / 3 / g * g).clamp(g, GIB) as usize, in_flight: 3 }
+}
+
+/// The hybrid with all `threads` ring threads within `budget`: a quarter of it
+/// to the ring (2 slots per thread, at most 16 MiB each), the rest to 2 windows.
+pub fn hybrid_for(threads: usize, budget: u64) -> Strategy {
+    let slots = 2 * threads;
+    let slot = slot_within(budget / 4, slots, 16 * MIB);
+    let rest = budget.saturating_sub((slot * slots) as u64) / 2;
+    let window = (rest / (64 * KIB) * (64 * KIB)).clamp(64 * KIB, GIB) as usize;
+    Strategy::Hybrid { window, slot, threads }
+}
+
+/// O_DIRECT reads within `budget`: up to 4 reader threads, 2 slots each, at most 16 MiB.
+pub fn direct_for(threads: usize, budget: u64) -> Strategy {
+    let t = threads.clamp(1, 4);
+    let slots = 2 * t;
+    Strategy::Direct { slots, slot: slot_within(budget, slots, 16 * MIB), threads: t }
+}
+
+/// Ring filler-thread counts: 1, 4, 8 and the maximum, up to the maximum.
+pub fn ring_threads(max: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = [1, 4, 8].into_iter().filter(|&t| t < max).collect();
+    v.push(max);
+    v
+}
+
+/// Every file-streaming run, in order (cold runs last: they empty the page
+/// cache). Returns the rows and a description of the destination.
+pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, String)> {
+    let mut rows = Vec::new();
+    let mut dest = Dest::new(&b.gpu, data.len)?;
+    b.progress.note(&format!("destination: {}", dest.describe()));
+    let opts = b.opts.clone();
+    let sel = |n: &str| opts.selected(n);
+    let threads = b.threads;
+    let lim = || PinBudget::new(budget);
+    let full = 0..data.len;
+    let lib = |name: &str, what: String, strategy: Strategy, budget: PinBudget, cold: bool| LibRun {
+        name: name.to_string(),
+        what,
+        strategy,
+        budget,
+        cold,
+        range: full.clone(),
+        warm_up: !cold,
+        fresh: false,
+    };
+
+    if sel("pageable") {
+        rows.push(pageable(b, data, &mut dest)?);
+    }
+    if sel("per-batch-pinned") {
+        rows.push(per_batch_pinned(b, data, &mut dest)?);
+    }
+    for t in ring_threads(threads) {
+        let name = format!("ring-{t}");
+        if sel(&name) {
+            let s = ring_for(t, budget);
+            let what =
+                format!("pinned slots allocated once, filled by {t} thread(s) reading the file, copied as filled");
+            rows.push(library(b, data, &mut dest, lib(&name, what, s, lim(), false))?);
+        }
+    }
+    if sel("windows") {
+        let what = "windows of the mapping registered in place, copied, unregistered; no memcpy".to_string();
+        rows.push(library(b, data, &mut dest, lib("windows", what, windows_for(budget), lim(), false))?);
+    }
+    if sel("hybrid") {
+        let what = format!("registered windows from the front, pinned ring with {threads} threads from the back");
+        rows.push(library(b, data, &mut dest, lib("hybrid", what, hybrid_for(threads, budget), lim(), false))?);
+    }
+    if sel("whole-file") {
+        let what =
+            "one pass: register the whole file, copy, unregister (pins all of it: ignores the budget)".to_string();
+        let mut spec = lib("whole-file", what, Strategy::WholeFile, PinBudget::unlimited(), false);
+        spec.fresh = true;
+        spec.warm_up = false;
+        rows.push(library(b, data, &mut dest, spec)?);
+    }
+    if sel("auto") {
+        let what = format!(
+            "the library's choice for a {} file within a {} pin budget",
+            fmt_bytes(data.len),
+            fmt_bytes(budget)
+        );
+        rows.push(library(b, data, &mut dest, lib("auto", what, Strategy::Auto, lim(), false))?);
+    }
+    if sel("budget-reuse") {
+        // A registration rounds out to pages and may need one more: stay two pages under the budget.
+        let n = (budget.saturating_sub(8 * KIB).min(data.len) / (4 * KIB) * (4 * KIB)).max(data.len.min(4 * KIB));
+        let what = format!("the first {} (within the budget): registered once by auto, copied again", fmt_bytes(n));
+        let mut spec = lib("budget-reuse", what, Strategy::Auto, lim(), false);
+        spec.range = 0..n;
+        rows.push(library(b, data, &mut dest, spec)?);
+    }
+    let cold = ["disk-direct", "cold-auto", "cold-direct"];
+    if data.tmpfs {
+        for n in cold.into_iter().filter(|n| sel(n)) {
+            rows.push(Row::skipped(
+                n,
+                Kind::Stream,
+                "cold read",
+                "the file is on tmpfs (RAM): nothing is read from a disk",
+            ));
+        }
+        return Ok((rows, dest.describe()));
+    }
+    if sel("disk-direct") {
+        rows.push(disk_direct(b, data)?);
+    }
+    if sel("cold-auto") {
+        let what = "page cache dropped (POSIX_FADV_DONTNEED) before each run, then auto".to_string();
+        rows.push(library(b, data, &mut dest, lib("cold-auto", what, Strategy::Auto, lim(), true))?);
+    }
+    if sel("cold-direct") {
+        let what = "page cache dropped, O_DIRECT reads straight into pinned slots".to_string();
+        rows.push(library(b, data, &mut dest, lib("cold-direct", what, direct_for(threads, budget), lim(), true))?);
+    }
+    Ok((rows, dest.describe()))
+}

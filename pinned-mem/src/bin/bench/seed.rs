@@ -1,0 +1,269 @@
+//! `--seed`: the seed's experiment, `a = torch.rand(1024, 655360)` copied to
+//! the GPU row by row, in the seed's four ways and ours.
+
+use crate::checksum;
+use crate::data::fill_pattern;
+use crate::rawcuda;
+use crate::results::{Intact, Kind, Row, Sample};
+use crate::runs::Bench;
+use crate::util::{Fatal, Result, process_cpu_seconds};
+use cuda_safe::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+pub const ROWS: usize = 1024;
+pub const COLS: usize = 655_360;
+pub const ROW_BYTES: usize = COLS * 4;
+
+/// The PyTorch code each variant stands for (None: ours).
+pub fn torch_code(name: &str) -> &'static str {
+    match name {
+        "seed-cuda" => "i.cuda()",
+        "seed-cuda-nb" => "i.cuda(non_blocking=True)",
+        "seed-pin-nb" => "i.pin_memory().cuda(non_blocking=True), no cache",
+        "seed-pin" => "i.pin_memory().cuda(), no cache",
+        "seed-ring" => "(ours) 4-slot pinned ring, allocated once",
+        "seed-registered" => "(ours) whole tensor registered once",
+        _ => "",
+    }
+}
+
+fn fill_rows(host: &mut [u8], threads: usize) {
+    let per = host.len().div_ceil(threads.max(1)).div_ceil(8) * 8;
+    std::thread::scope(|s| {
+        for (i, part) in host.chunks_mut(per.max(8)).enumerate() {
+            s.spawn(move || fill_pattern(part, 0x70_2C4, (i * per) as u64));
+        }
+    });
+}
+
+/// The seed's variants, then ours; every variant's median of `b.reps` runs.
+/// Rows used: the seed's 1024, or 128 with --quick.
+pub fn rows(quick: bool) -> usize {
+    if quick { 128 } else { ROWS }
+}
+
+pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
+    let rows = rows(b.opts.quick);
+    let total = rows * ROW_BYTES;
+    let dev = b.gpu.device;
+    b.progress.note(&format!(
+        "seed experiment: {rows} rows x {COLS} float32 ({:.2} GB) in host memory, copied row by row",
+        total as f64 / 1e9
+    ));
+    let mut host = vec![0u8; total].into_boxed_slice();
+    fill_rows(&mut host, b.threads);
+    let expected = checksum::of_host(&host, b.threads);
+    let mut dst = DeviceBuffer::<u8>::new(&dev, total)?;
+    let row_range = |i: usize| i * ROW_BYTES..(i + 1) * ROW_BYTES;
+    let mut out = Vec::new();
+
+    // One variant: `body` moves every row once; it is run b.reps times.
+    let mut measure = |b: &mut Bench,
+                       name: &str,
+                       what: &str,
+                       peak: u64,
+                       dst: &mut DeviceBuffer<u8>,
+                       body: &mut dyn FnMut(&mut Bench, &mut DeviceBuffer<u8>) -> Result<()>|
+     -> Result<()> {
+        let mut row = Row::new(name, Kind::Seed, what, total as u64);
+        row.strategy = torch_code(name).to_string();
+        row.peak_pinned = peak;
+        let r = (|| -> Result<()> {
+            for rep in 0..b.reps {
+                b.stream.memset(dst, 0)?.wait()?;
+                dev.synchronize()?;
+                b.progress.begin(name, rep + 1, b.reps);
+                let (c0, t0) = (process_cpu_seconds(), Instant::now());
+                body(b, dst)?;
+                dev.synchronize()?;
+                let s = Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: process_cpu_seconds() - c0 };
+                row.samples.push(s);
+                b.progress.rep_done(
+                    &format!(
+                        "{name} rep {}/{}: {:.1} ms wall, {:.1} ms CPU",
+                        rep + 1,
+                        b.reps,
+                        s.seconds * 1e3,
+                        s.cpu_seconds * 1e3
+                    ),
+                    b.reps,
+                );
+            }
+            row.intact = Intact::compare(expected, b.readback.checksum(dst, 0..total)?);
+            Ok(())
+        })();
+        if let Err(e) = r {
+            row.error = Some(e.to_string());
+        }
+        b.progress.note(&format!(
+            "  {name:<16} {:>8.1} ms wall {:>8.1} ms CPU {:>7.2} GB/s  intact: {}{}",
+            row.seconds() * 1e3,
+            row.cpu_seconds() * 1e3,
+            row.gbps().median,
+            row.intact.short(),
+            row.error.as_deref().map(|e| format!("  FAILED: {e}")).unwrap_or_default()
+        ));
+        out.push(row);
+        Ok(())
+    };
+
+    let rb = ROW_BYTES as u64;
+    {
+        let host: &[u8] = &host;
+        measure(b, "seed-cuda", "pageable cudaMemcpy per row", 0, &mut dst, &mut |_, dst| {
+            rawcuda::copy_pageable(dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])), |_| {})
+        })?;
+        measure(b, "seed-cuda-nb", "pageable cudaMemcpyAsync per row", 0, &mut dst, &mut |b, dst| {
+            rawcuda::copy_pageable_async(&b.stream, dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])))
+        })?;
+        measure(
+            b,
+            "seed-pin-nb",
+            "per row: cudaHostAlloc + memcpy + async copy; freed after the next row is queued",
+            2 * rb,
+            &mut dst,
+            &mut |b, dst| {
+                let mut prev: Option<PinnedBuffer<u8>> = None;
+                for i in 0..rows {
+                    let mut p = PinnedBuffer::<u8>::new(ROW_BYTES)?;
+                    p.as_mut_slice()?.copy_from_slice(&host[row_range(i)]);
+                    b.stream.copy_to_device(&p, &mut dst.slice_mut(row_range(i))?)?.detach();
+                    prev = Some(p); // frees the previous row's buffer once its copy is done
+                }
+                drop(prev);
+                Ok(b.stream.synchronize()?)
+            },
+        )?;
+        measure(
+            b,
+            "seed-pin",
+            "per row: cudaHostAlloc + memcpy + copy, wait, cudaFreeHost",
+            rb,
+            &mut dst,
+            &mut |b, dst| {
+                for i in 0..rows {
+                    let mut p = PinnedBuffer::<u8>::new(ROW_BYTES)?;
+                    p.as_mut_slice()?.copy_from_slice(&host[row_range(i)]);
+                    b.stream.copy_to_device(&p, &mut dst.slice_mut(row_range(i))?)?.wait()?;
+                }
+                Ok(())
+            },
+        )?;
+        let mut slots = Vec::new();
+        for _ in 0..4 {
+            slots.push(PinnedBuffer::<u8>::new(ROW_BYTES)?);
+        }
+        measure(
+            b,
+            "seed-ring",
+            "4 pinned row slots allocated once, memcpy + async copy",
+            4 * rb,
+            &mut dst,
+            &mut |b, dst| {
+                for i in 0..rows {
+                    let slot = &mut slots[i % 4];
+                    slot.as_mut_slice()?.copy_from_slice(&host[row_range(i)]); // waits for the slot's last copy
+                    b.stream.copy_to_device(slot, &mut dst.slice_mut(row_range(i))?)?.detach();
+                }
+                Ok(b.stream.synchronize()?)
+            },
+        )?;
+    }
+
+    // Ours: the whole tensor registered once (it owns the memory meanwhile).
+    let t = Instant::now();
+    match HostRegistration::try_new(host, RegisterFlags::default()) {
+        Err((e, _host)) => {
+            let mut row = Row::new("seed-registered", Kind::Seed, "whole tensor registered once", total as u64);
+            row.strategy = torch_code("seed-registered").into();
+            row.error = Some(format!("cudaHostRegister of the whole tensor: {e}"));
+            out.push(row);
+        }
+        Ok(reg) => {
+            let reg_s = t.elapsed().as_secs_f64();
+            measure(
+                b,
+                "seed-registered",
+                "whole tensor registered once (cudaHostRegister), async copy per row",
+                total as u64,
+                &mut dst,
+                &mut |b, dst| {
+                    for i in 0..rows {
+                        b.stream.copy_to_device(&reg.slice(row_range(i))?, &mut dst.slice_mut(row_range(i))?)?.detach();
+                    }
+                    Ok(b.stream.synchronize()?)
+                },
+            )?;
+            let t = Instant::now();
+            let host = reg.into_inner().map_err(|e| Fatal::Run(format!("cudaHostUnregister: {e}")))?;
+            let unreg_s = t.elapsed().as_secs_f64();
+            drop(host);
+            if let Some(row) = out.last_mut() {
+                row.note("register ms (once, not in wall)", format!("{:.1}", reg_s * 1e3));
+                row.note("unregister ms", format!("{:.1}", unreg_s * 1e3));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// PyTorch's own run of the same experiment (`pinned-mem/bench/torch_seed.py`).
+pub struct Torch {
+    /// What it printed (its table), or why it did not run.
+    pub text: String,
+    /// The JSON it wrote, when it ran.
+    pub json: Option<String>,
+}
+
+fn find_script() -> Option<PathBuf> {
+    const REL: &str = "pinned-mem/bench/torch_seed.py";
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(d) = std::env::current_dir() {
+        candidates.extend(d.ancestors().map(|a| a.join(REL)));
+    }
+    if let Ok(e) = std::env::current_exe() {
+        candidates.extend(e.ancestors().skip(1).map(|a| a.join(REL)));
+    }
+    candidates.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/torch_seed.py")));
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// Runs torch_seed.py with the same rows and repetitions, so that one run
+/// prints both tables. It skips itself (exit 0) where torch or a GPU is missing.
+pub fn torch(b: &Bench, rows: usize) -> Torch {
+    if b.gpu.emulated {
+        return Torch { text: "skipped: this is an emulated run".into(), json: None };
+    }
+    let Some(script) = find_script() else {
+        return Torch {
+            text: "skipped: pinned-mem/bench/torch_seed.py not found (run bench from the repository root)".into(),
+            json: None,
+        };
+    };
+    let json_path = std::env::temp_dir().join(format!("pinned-mem-torch-seed-{}.json", std::process::id()));
+    let (rows_s, reps_s) = (rows.to_string(), b.reps.to_string());
+    b.progress
+        .note(&format!("running PyTorch's own version: python3 {} --rows {rows_s} --reps {reps_s}", script.display()));
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--rows", &rows_s, "--reps", &reps_s, "--json"])
+        .arg(&json_path)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output();
+    let t = match out {
+        Err(e) => Torch { text: format!("skipped: could not run python3 ({e})"), json: None },
+        Ok(o) => {
+            let mut text = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
+            if !o.status.success() {
+                text.push_str(&format!("\n(torch_seed.py exited with {})", o.status));
+            }
+            let json = std::fs::read_to_string(&json_path).ok().filter(|j| j.trim_start().starts_with('{'));
+            Torch { text, json }
+        }
+    };
+    let _ = std::fs::remove_file(&json_path);
+    t
+}

@@ -1,0 +1,202 @@
+//! Small helpers: the bench's error type, CPU time, host facts, sizes, statistics.
+
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::sys::time::TimeVal;
+use std::fmt;
+use std::path::Path;
+
+/// What ended a run early. Usage and no-GPU errors exit 2, failed runs exit 1.
+#[derive(Debug)]
+pub enum Fatal {
+    /// Bad arguments or an environment the bench cannot run in (exit 2).
+    Usage(String),
+    /// No usable GPU (exit 2); the message says what was looked for.
+    NoGpu(String),
+    /// A measurement failed (exit 1).
+    Run(String),
+}
+
+impl Fatal {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Fatal::Usage(_) | Fatal::NoGpu(_) => 2,
+            Fatal::Run(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for Fatal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fatal::Usage(m) | Fatal::NoGpu(m) | Fatal::Run(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Any library error becomes a failed run, with its message (and hint).
+impl<E: std::error::Error> From<E> for Fatal {
+    fn from(e: E) -> Self {
+        Fatal::Run(e.to_string())
+    }
+}
+
+pub type Result<T, E = Fatal> = std::result::Result<T, E>;
+
+/// Adds context to an error's message.
+pub trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Fatal::Run(format!("{}: {e}", what())))
+    }
+}
+
+fn seconds(t: TimeVal) -> f64 {
+    t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6
+}
+
+/// User + system CPU seconds of the whole process (every thread, the library's
+/// filler threads and the CUDA driver's own included).
+pub fn process_cpu_seconds() -> f64 {
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| seconds(u.user_time()) + seconds(u.system_time()))
+}
+
+/// CPU seconds of the calling thread, to the nanosecond (`getrusage` may count
+/// in scheduler ticks, too coarse for a batch of microsecond calls).
+pub fn thread_cpu_seconds() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is
+    // always supported on Linux and clock_gettime writes nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    if rc == 0 {
+        t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    } else {
+        getrusage(UsageWho::RUSAGE_THREAD).map_or(0.0, |u| seconds(u.user_time()) + seconds(u.system_time()))
+    }
+}
+
+/// Logical cores available to this process.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `path`.
+pub fn disk_available(path: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}
+
+/// True when `path` lives on tmpfs (RAM): nothing there is ever read from a disk.
+pub fn is_tmpfs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// "4.00 GiB", "256 MiB", "12 KiB", "100 B".
+pub fn fmt_bytes(n: u64) -> String {
+    let (unit, div) = match n {
+        n if n >= GIB => ("GiB", GIB),
+        n if n >= MIB => ("MiB", MIB),
+        n if n >= KIB => ("KiB", KIB),
+        _ => return format!("{n} B"),
+    };
+    if n % div == 0 { format!("{} {unit}", n / div) } else { format!("{:.2} {unit}", n as f64 / div as f64) }
+}
+
+/// Parses "4G", "512M", "1.5GiB", "64k", "4096" (K, M, G, T are powers of 1024).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let stripped = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
+    let (num, mult) = match stripped.chars().last() {
+        Some('k') => (&stripped[..stripped.len() - 1], KIB),
+        Some('m') => (&stripped[..stripped.len() - 1], MIB),
+        Some('g') => (&stripped[..stripped.len() - 1], GIB),
+        Some('t') => (&stripped[..stripped.len() - 1], GIB * 1024),
+        _ => (stripped, 1),
+    };
+    let bad = || format!("{s:?} is not a size (examples: 4G, 512M, 1.5GiB, 65536)");
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(bad());
+    }
+    let bytes = v * mult as f64;
+    if bytes > u64::MAX as f64 / 2.0 {
+        return Err(format!("{s:?} is too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Median, minimum and maximum of some values.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+pub fn stats(values: &[f64]) -> Stats {
+    if values.is_empty() {
+        return Stats { median: f64::NAN, min: f64::NAN, max: f64::NAN };
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    Stats { median, min: v[0], max: v[n - 1] }
+}
+
+/// Splits `0..len` into pieces of at most `piece` bytes.
+pub fn pieces(len: u64, piece: u64) -> impl Iterator<Item = std::ops::Range<u64>> {
+    let piece = piece.max(1);
+    (0..len.div_ceil(piece)).map(move |i| i * piece..((i + 1) * piece).min(len))
+}
+
+/// `value` rounded down to a multiple of `to` (at least `to`).
+pub fn round_down(value: u64, to: u64) -> u64 {
+    (value / to * to).max(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4G"), Ok(4 * GIB));
+        assert_eq!(parse_size("512MiB"), Ok(512 * MIB));
+        assert_eq!(parse_size("1.5g"), Ok(3 * GIB / 2));
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64kB"), Ok(64 * KIB));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+    }
+
+    #[test]
+    fn median() {
+        let s = stats(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(stats(&[1.0, 2.0, 3.0, 4.0]).median, 2.5);
+    }
+
+    #[test]
+    fn bytes() {
+        assert_eq!(fmt_bytes(4 * GIB), "4 GiB");
+        assert_eq!(fmt_bytes(3 * GIB / 2), "1.50 GiB");
+        assert_eq!(fmt_bytes(0), "0 B");
+        assert_eq!(pieces(10, 4).collect::<Vec<_>>(), vec![0..4, 4..8, 8..10]);
+    }
+}
