@@ -81,9 +81,14 @@ fn install_at(root: &Path, found_by: &str) -> Option<CudaInstall> {
     let include = [root.join("include"), root.join("targets/x86_64-linux/include")]
         .into_iter()
         .find(|d| d.join("cuda_runtime_api.h").is_file())?;
-    let lib = [root.join("lib64"), root.join("lib"), root.join("lib/x86_64-linux-gnu"), root.join("targets/x86_64-linux/lib")]
-        .into_iter()
-        .find(|d| has_cudart(d))?;
+    let lib = [
+        root.join("lib64"),
+        root.join("lib"),
+        root.join("lib/x86_64-linux-gnu"),
+        root.join("targets/x86_64-linux/lib"),
+    ]
+    .into_iter()
+    .find(|d| has_cudart(d))?;
     Some(CudaInstall { root: root.to_path_buf(), include, lib, found_by: found_by.to_string() })
 }
 
@@ -174,9 +179,7 @@ pub fn emit_link(cuda: &CudaInstall) {
     if cuda.lib.join("libcudart.so").exists() {
         println!("cargo:rustc-link-lib=dylib=cudart");
     } else if let Some(name) = std::fs::read_dir(&cuda.lib).ok().and_then(|rd| {
-        rd.flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|n| n.starts_with("libcudart.so."))
+        rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).find(|n| n.starts_with("libcudart.so."))
     }) {
         println!("cargo:rustc-link-arg=-l:{name}");
     }

@@ -78,9 +78,8 @@ impl StreamInner {
         unsafe { raw::stream_wait_event(self.raw, ev) }
     }
 
-    /// Runs `enqueue` (one CUDA call on this stream) and numbers it.
+    /// Runs `enqueue` (one CUDA call on this stream; its device is current) and numbers it.
     fn submit(&self, enqueue: impl FnOnce(cudaStream_t) -> Result<()>) -> Result<u64> {
-        self.device.ensure_current()?;
         enqueue(self.raw)?;
         Ok(self.submitted.fetch_add(1, Ordering::AcqRel) + 1)
     }
@@ -163,8 +162,21 @@ impl Fence {
         s.write.as_ref().is_none_or(|u| u.stream.is_done(u.seq)) && s.reads.iter().all(|u| u.stream.is_done(u.seq))
     }
 
+    /// A use that `on` must be ordered after: on another stream, not known done.
+    fn pending_elsewhere(u: &Use, on: &StreamInner) -> bool {
+        !std::ptr::eq(&*u.stream, on) && !u.stream.is_done(u.seq)
+    }
+
+    // The common case (the buffer last used on the same stream, or idle) takes
+    // one lock and no reference count: this is the per-copy hot path.
     fn order_read(&self, on: &StreamInner) -> Result<()> {
-        let w = lock(&self.state).write.clone();
+        let w = {
+            let s = lock(&self.state);
+            match &s.write {
+                Some(u) if Self::pending_elsewhere(u, on) => Some(u.clone()),
+                _ => None,
+            }
+        };
         match w {
             Some(u) => on.order_after(&u.stream, u.seq),
             None => Ok(()),
@@ -172,14 +184,11 @@ impl Fence {
     }
 
     fn order_write(&self, on: &StreamInner) -> Result<()> {
-        let (w, reads) = {
+        let others: Vec<Use> = {
             let s = lock(&self.state);
-            (s.write.clone(), s.reads.clone())
+            s.write.iter().chain(s.reads.iter()).filter(|u| Self::pending_elsewhere(u, on)).cloned().collect()
         };
-        if let Some(u) = w {
-            on.order_after(&u.stream, u.seq)?;
-        }
-        for u in reads {
+        for u in others {
             on.order_after(&u.stream, u.seq)?;
         }
         Ok(())
@@ -187,14 +196,23 @@ impl Fence {
 
     fn note_read(&self, stream: &Arc<StreamInner>, seq: u64) {
         let mut s = lock(&self.state);
-        s.reads.retain(|u| !u.stream.is_done(u.seq) && !Arc::ptr_eq(&u.stream, stream));
+        if let Some(u) = s.reads.iter_mut().find(|u| Arc::ptr_eq(&u.stream, stream)) {
+            u.seq = seq;
+            return;
+        }
+        s.reads.retain(|u| !u.stream.is_done(u.seq));
         s.reads.push(Use { stream: stream.clone(), seq });
     }
 
     fn note_write(&self, stream: &Arc<StreamInner>, seq: u64) {
         let mut s = lock(&self.state);
-        s.reads.clear();
-        s.write = Some(Use { stream: stream.clone(), seq });
+        if !s.reads.is_empty() {
+            s.reads.clear();
+        }
+        match &mut s.write {
+            Some(u) if Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
+            w => *w = Some(Use { stream: stream.clone(), seq }),
+        }
     }
 }
 
@@ -335,6 +353,7 @@ impl Stream {
         if event.device != self.inner.device {
             return Err(Error::invalid("Stream::record", "the event belongs to another device"));
         }
+        self.inner.device.ensure_current()?;
         let seq = self.inner.submit(|s| {
             // SAFETY: both handles are live and of the same device.
             unsafe { raw::event_record(event.raw, s) }
@@ -365,6 +384,7 @@ impl Stream {
             // A panic must not unwind into the runtime's C thread.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         }
+        self.inner.device.ensure_current()?;
         let data = Box::into_raw(Box::new(f)).cast::<c_void>();
         let res = self.inner.submit(|s| {
             // SAFETY: the trampoline takes back the box once; F is Send + 'static.

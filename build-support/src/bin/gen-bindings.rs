@@ -31,13 +31,19 @@ const FUNCTIONS: &[(&str, &str)] = &[
     ("cudaRuntimeGetVersion", "Writes the runtime's version (1000 * major + 10 * minor)."),
     ("cudaDriverGetVersion", "Writes the latest version the installed driver supports, 0 when there is no driver."),
     // Devices.
-    ("cudaGetDeviceCount", "Writes the number of CUDA devices; fails with `cudaErrorInsufficientDriver` or `cudaErrorNoDevice` when there are none."),
+    (
+        "cudaGetDeviceCount",
+        "Writes the number of CUDA devices; fails with `cudaErrorInsufficientDriver` or `cudaErrorNoDevice` when there are none.",
+    ),
     ("cudaSetDevice", "Makes a device current for the calling host thread."),
     ("cudaGetDevice", "Writes the calling thread's current device."),
     ("cudaDeviceGetAttribute", "Writes one integer attribute of a device."),
     ("cudaDeviceSynchronize", "Blocks until the current device has finished all preceding work."),
     ("cudaMemGetInfo", "Writes the free and total memory of the current device, in bytes."),
-    ("cudaGetDeviceProperties", "Fills a `cudaDeviceProp` of the loaded major version: the layout differs between CUDA 12 and 13, so the table takes an untyped pointer; CUDA 12 resolves `cudaGetDeviceProperties_v2`."),
+    (
+        "cudaGetDeviceProperties",
+        "Fills a `cudaDeviceProp` of the loaded major version: the layout differs between CUDA 12 and 13, so the table takes an untyped pointer; CUDA 12 resolves `cudaGetDeviceProperties_v2`.",
+    ),
     ("cudaDeviceGetStreamPriorityRange", "Writes the least and greatest stream priorities of the current device."),
     // Memory.
     ("cudaMalloc", "Allocates device memory on the current device."),
@@ -129,12 +135,12 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     let found = build_support::find_cuda_wheel_includes();
-    let cuda13 = cuda13.or(found.cuda13).ok_or(
-        "no CUDA 13 headers: pass --cuda13 DIR (the include folder of the nvidia-cuda-runtime wheel)",
-    )?;
-    let cuda12 = cuda12.or(found.cuda12).ok_or(
-        "no CUDA 12 headers: pass --cuda12 DIR (the include folder of the nvidia-cuda-runtime-cu12 wheel)",
-    )?;
+    let cuda13 = cuda13
+        .or(found.cuda13)
+        .ok_or("no CUDA 13 headers: pass --cuda13 DIR (the include folder of the nvidia-cuda-runtime wheel)")?;
+    let cuda12 = cuda12
+        .or(found.cuda12)
+        .ok_or("no CUDA 12 headers: pass --cuda12 DIR (the include folder of the nvidia-cuda-runtime-cu12 wheel)")?;
     Ok(Args { cuda13, cuda12, out, check })
 }
 
