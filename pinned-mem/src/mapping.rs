@@ -1,0 +1,414 @@
+//! Read-only shared mappings of files, and page windows of them that CUDA can
+//! register in place.
+//!
+//! Always `PROT_READ` + `MAP_SHARED`: on the H200 a `MAP_PRIVATE` mapping once
+//! stalled `cudaHostRegister` for minutes, and the kernel refuses writable
+//! long-term pins of file pages, so neither is ever made here.
+//!
+//! This module and `memlock.rs` hold the crate's `unsafe` code.
+
+use std::fs::File;
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags};
+
+use crate::error::{Error, Result};
+use crate::range::Registry;
+use crate::util::{align_down, align_up, page_size};
+
+/// A whole file mapped read-only and shared (`PROT_READ`, `MAP_SHARED`), handed
+/// around as `Arc<MappedFile>`: every pinned range, window and in-flight copy
+/// holds a clone, so the mapping outlives all of them whatever the caller drops
+/// or leaks.
+///
+/// ```no_run
+/// # fn main() -> pinned_mem::Result<()> {
+/// let file = pinned_mem::MappedFile::open("/data/seed.bin")?;
+/// println!("{}: {} bytes, first byte {}", file.path().display(), file.len(), file.as_bytes()[0]);
+/// # Ok(()) }
+/// ```
+///
+/// # Caveat
+/// As with every shared mapping, the bytes change if another program writes
+/// the file, and truncating it while mapped makes reads of the lost pages fault
+/// (`SIGBUS`). Keep the file unchanged while it is mapped.
+pub struct MappedFile {
+    ptr: NonNull<u8>,
+    len: u64,
+    map_len: usize,
+    path: PathBuf,
+    file: File,
+    id: (u64, u64),
+    pub(crate) registry: Registry,
+}
+
+// SAFETY: the mapping is read-only shared memory owned by this value; reading
+// it from any thread is fine, and the registry is behind a mutex.
+unsafe impl Send for MappedFile {}
+// SAFETY: as above: shared access only reads.
+unsafe impl Sync for MappedFile {}
+
+impl std::fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile").field("path", &self.path).field("len", &self.len).field("ptr", &self.ptr).finish()
+    }
+}
+
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    if ft.is_dir() {
+        "directory"
+    } else if ft.is_block_device() {
+        "block device"
+    } else if ft.is_char_device() {
+        "character device"
+    } else if ft.is_fifo() {
+        "pipe"
+    } else if ft.is_socket() {
+        "socket"
+    } else {
+        "special file"
+    }
+}
+
+impl MappedFile {
+    /// Opens and maps all of `path`, read-only and shared, checking that it is
+    /// a non-empty regular file that fits the address space and did not change
+    /// size while being mapped.
+    ///
+    /// ```no_run
+    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// assert!(f.len() > 0);
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Io`] (missing file, no permission, `mmap` failure),
+    /// [`Error::NotAFile`], [`Error::EmptyFile`], [`Error::FileChanged`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Arc<MappedFile>> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io("stat", &path, e))?;
+        if !meta.file_type().is_file() {
+            return Err(Error::NotAFile { path, kind: kind_of(meta.file_type()) });
+        }
+        let len = meta.len();
+        if len == 0 {
+            return Err(Error::EmptyFile { path });
+        }
+        let page = page_size();
+        let map_len = usize::try_from(align_up(len, page))
+            .ok()
+            .filter(|&m| m <= isize::MAX as usize)
+            .ok_or_else(|| Error::invalid("MappedFile::open", format!("{len} bytes do not fit the address space")))?;
+        let length = NonZeroUsize::new(map_len).ok_or_else(|| Error::EmptyFile { path: path.clone() })?;
+        // SAFETY: a fresh mapping chosen by the kernel (no address given, no
+        // MAP_FIXED), so no existing memory is affected; read-only and shared,
+        // owned by the value built below, which unmaps it exactly once.
+        let raw = unsafe { nix::sys::mman::mmap(None, length, ProtFlags::PROT_READ, MapFlags::MAP_SHARED, &file, 0) }
+            .map_err(|e| Error::io("mmap", &path, e.into()))?;
+        let mapped = MappedFile {
+            ptr: raw.cast(),
+            len,
+            map_len,
+            id: (meta.dev(), meta.ino()),
+            file,
+            path,
+            registry: Registry::default(),
+        };
+        // The size was read before mapping: check it still holds (a file being
+        // written or truncated now would make part of the mapping fault).
+        let now = mapped.file.metadata().map_err(|e| Error::io("stat", &mapped.path, e))?.len();
+        if now != len {
+            return Err(Error::FileChanged {
+                path: mapped.path.clone(),
+                message: format!("its size went from {len} to {now} bytes while it was being mapped"),
+            });
+        }
+        Ok(Arc::new(mapped))
+    }
+
+    /// The file's length in bytes (never 0).
+    ///
+    /// ```no_run
+    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// println!("{} bytes", f.len());
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    #[allow(clippy::len_without_is_empty)] // a mapped file is never empty
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The path it was opened with.
+    ///
+    /// ```no_run
+    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// assert_eq!(f.path(), std::path::Path::new("/data/seed.bin"));
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open file (read-only), e.g. for `pread`.
+    ///
+    /// ```no_run
+    /// use std::os::unix::fs::FileExt;
+    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let mut head = [0u8; 16];
+    /// f.file().read_exact_at(&mut head, 0).unwrap();
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// All the file's bytes, through the mapping (pages fault in on first touch).
+    ///
+    /// ```no_run
+    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let sum: u64 = f.as_bytes()[..4096].iter().map(|&b| u64::from(b)).sum();
+    /// # let _ = sum; Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `map_len >= len` readable bytes for as long as
+        // `self` lives (unmapped only in Drop); this process never writes them
+        // (PROT_READ). See the type's caveat on other writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
+    }
+
+    /// Asks the kernel to drop the file's pages from the page cache (for cold
+    /// runs): unmaps this mapping's page-table entries (`MADV_DONTNEED`, the data
+    /// is refetched on the next touch) and advises `POSIX_FADV_DONTNEED` on the
+    /// file. Dirty pages, pages pinned by a live registration and pages mapped by
+    /// other processes stay.
+    ///
+    /// ```no_run
+    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// f.drop_page_cache()?;
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Io`] when `madvise` or `posix_fadvise` fails.
+    pub fn drop_page_cache(&self) -> Result<()> {
+        // SAFETY: the range is exactly this value's mapping. MADV_DONTNEED on a
+        // shared file mapping only drops page-table entries: later reads fault
+        // the same file contents back in, so every `&[u8]` stays valid and unchanged.
+        unsafe { nix::sys::mman::madvise(self.ptr.cast(), self.map_len, MmapAdvise::MADV_DONTNEED) }
+            .map_err(|e| Error::io("madvise(MADV_DONTNEED)", &self.path, e.into()))?;
+        nix::fcntl::posix_fadvise(&self.file, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+            .map_err(|e| Error::io("posix_fadvise(DONTNEED)", &self.path, e.into()))
+    }
+
+    /// How many bytes of `range` are in the page cache now (`mincore`), counted
+    /// in whole pages and clipped to `range`.
+    ///
+    /// ```no_run
+    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let cached = f.resident_bytes(0..f.len())?;
+    /// println!("{:.0}% cached", 100.0 * cached as f64 / f.len() as f64);
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`] outside the file; [`Error::Io`] when `mincore` fails.
+    pub fn resident_bytes(&self, range: Range<u64>) -> Result<u64> {
+        if range.start > range.end || range.end > self.len {
+            return Err(Error::BadRange { range, len: self.len, reason: "outside the file" });
+        }
+        let page = page_size();
+        let first = align_down(range.start, page);
+        let end = align_up(range.end, page).min(self.map_len as u64);
+        const STEP_PAGES: u64 = 1 << 18; // 1 GiB of 4 KiB pages per call
+        let mut vec = vec![0u8; STEP_PAGES.min((end - first) / page + 1) as usize];
+        let mut resident = 0u64;
+        let mut at = first;
+        while at < end {
+            let n = ((end - at) / page).min(STEP_PAGES);
+            let bytes = (n * page) as usize;
+            // SAFETY: `[at, at + bytes)` lies inside this value's mapping (page
+            // aligned, below `map_len`), and `vec` has room for `n` entries.
+            let rc = unsafe { libc::mincore(self.ptr.as_ptr().add(at as usize).cast(), bytes, vec.as_mut_ptr()) };
+            if rc != 0 {
+                return Err(Error::io("mincore", &self.path, std::io::Error::last_os_error()));
+            }
+            for (i, v) in vec[..n as usize].iter().enumerate() {
+                if v & 1 != 0 {
+                    let p = at + i as u64 * page;
+                    resident += (p + page).min(range.end).saturating_sub(p.max(range.start));
+                }
+            }
+            at += n * page;
+        }
+        Ok(resident)
+    }
+
+    /// Opens the same file again with `O_DIRECT` (reads bypass the page cache),
+    /// checking it is still the same file.
+    pub(crate) fn open_direct(&self) -> Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&self.path).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                Error::DirectUnsupported { path: self.path.clone(), source: e }
+            } else {
+                Error::io("open(O_DIRECT)", &self.path, e)
+            }
+        })?;
+        let meta = f.metadata().map_err(|e| Error::io("stat", &self.path, e))?;
+        if (meta.dev(), meta.ino()) != self.id || meta.len() != self.len {
+            return Err(Error::FileChanged {
+                path: self.path.clone(),
+                message: "the path now names another file, or its size changed".into(),
+            });
+        }
+        Ok(f)
+    }
+
+    /// Length of the mapping: the file's length rounded up to pages.
+    pub(crate) fn map_len(&self) -> u64 {
+        self.map_len as u64
+    }
+
+    /// The pages `[start, end)` as a window that can be registered.
+    pub(crate) fn window(self: &Arc<Self>, pages: Range<u64>) -> Result<FileWindow> {
+        let page = page_size();
+        if pages.start >= pages.end || pages.start % page != 0 || pages.end % page != 0 || pages.end > self.map_len() {
+            return Err(Error::invalid(
+                "MappedFile::window",
+                format!("pages {pages:?} are not whole pages of the mapping"),
+            ));
+        }
+        Ok(FileWindow {
+            file: Arc::clone(self),
+            offset: pages.start as usize,
+            len: (pages.end - pages.start) as usize,
+            locked: false,
+        })
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping; every user (windows, registrations, slices)
+        // holds an Arc or a borrow of `self`, so none is left.
+        let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.map_len) };
+    }
+}
+
+/// Whole pages of a [`MappedFile`], owning a clone of its `Arc` so the mapping
+/// outlives any registration of them, optionally `mlock`-ed (unlocked on drop).
+pub(crate) struct FileWindow {
+    file: Arc<MappedFile>,
+    offset: usize,
+    len: usize,
+    locked: bool,
+}
+
+impl FileWindow {
+    fn start(&self) -> NonNull<u8> {
+        // SAFETY: `offset < map_len` (checked in `MappedFile::window`), so the
+        // result is inside the mapping and not null.
+        unsafe { self.file.ptr.add(self.offset) }
+    }
+
+    /// Locks the window's pages in memory (see `memlock` for the limit policy).
+    pub(crate) fn mlock(&mut self) -> Result<()> {
+        if self.locked {
+            return Ok(());
+        }
+        // SAFETY: the window lies inside the mapping, which this value keeps
+        // alive (Arc) until after Drop unlocks it.
+        unsafe { crate::memlock::lock(self.start(), self.len, self.file.path()) }?;
+        self.locked = true;
+        Ok(())
+    }
+
+    /// True when `mlock`-ed.
+    pub(crate) fn is_locked(&self) -> bool {
+        self.locked
+    }
+}
+
+impl Drop for FileWindow {
+    fn drop(&mut self) {
+        if self.locked {
+            // SAFETY: locked by `mlock` above, and still mapped (we hold the Arc).
+            unsafe { crate::memlock::unlock(self.start(), self.len) };
+        }
+    }
+}
+
+// SAFETY: `[as_ptr, as_ptr + len)` is whole pages inside the file's mapping,
+// which the `Arc<MappedFile>` held by this value keeps mapped at the same
+// address for the value's whole life (moving the value does not move the
+// mapping). This process never writes it (PROT_READ): registrations of it must
+// be read-only, which `PinnedRange` always asks for.
+unsafe impl cuda_safe::HostMemory for FileWindow {
+    fn as_ptr(&self) -> *const u8 {
+        self.start().as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda_safe::HostMemory;
+
+    fn temp(name: &str, data: &[u8]) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("pinned-mem-unit-{}-{name}", std::process::id()));
+        std::fs::write(&p, data).unwrap();
+        p
+    }
+
+    #[test]
+    fn maps_and_reads() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let p = temp("maps", &data);
+        let f = MappedFile::open(&p).unwrap();
+        assert_eq!(f.len(), 10_000);
+        assert_eq!(f.as_bytes(), &data[..]);
+        assert_eq!(f.map_len() % page_size(), 0);
+        assert!(f.resident_bytes(0..f.len()).unwrap() <= 10_000);
+        f.drop_page_cache().unwrap();
+        assert_eq!(f.as_bytes(), &data[..]);
+        let w = f.window(0..page_size()).unwrap();
+        assert_eq!(w.len() as u64, page_size());
+        assert_eq!(w.as_ptr(), f.as_bytes().as_ptr());
+        assert!(f.window(1..page_size()).is_err());
+        assert!(f.window(0..f.map_len() + page_size()).is_err());
+        drop(w);
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn refuses_empty_dir_missing() {
+        let p = temp("empty", &[]);
+        assert!(matches!(MappedFile::open(&p), Err(Error::EmptyFile { .. })));
+        std::fs::remove_file(&p).unwrap();
+        assert!(matches!(MappedFile::open(&p), Err(Error::Io { op: "open", .. })));
+        assert!(matches!(MappedFile::open(std::env::temp_dir()), Err(Error::NotAFile { kind: "directory", .. })));
+    }
+
+    #[test]
+    fn mlock_window() {
+        let p = temp("mlock", &vec![1u8; 3 * page_size() as usize]);
+        let f = MappedFile::open(&p).unwrap();
+        let mut w = f.window(0..page_size()).unwrap();
+        match w.mlock() {
+            Ok(()) => assert!(w.is_locked()),
+            Err(Error::MemlockLimit { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        drop(w);
+        std::fs::remove_file(p).unwrap();
+    }
+}

@@ -1,0 +1,424 @@
+//! Pinned ranges: any byte range of a [`MappedFile`], rounded out to pages,
+//! optionally `mlock`-ed, and registered in place with
+//! `cudaHostRegister(ReadOnly [| Portable])`.
+//!
+//! CUDA refuses a page registered twice, so each mapping keeps a registry of
+//! its live registrations: a range inside a live registration **shares** it (no
+//! new registration, no new budget); a range that overlaps one without being
+//! inside it is refused with [`Error::Overlap`].
+
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+use cuda_safe::{HostRegistration, PinnedSlice, RegisterFlags};
+
+use crate::budget::{PinBudget, Reservation};
+use crate::error::{Error, Result};
+use crate::mapping::{FileWindow, MappedFile};
+use crate::util::{align_down, align_up, page_size};
+
+/// How to pin a range.
+///
+/// ```
+/// let opts = pinned_mem::PinOptions { mlock: true, ..Default::default() };
+/// assert!(!opts.portable);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PinOptions {
+    /// Also `mlock` the pages (counted against `RLIMIT_MEMLOCK`, checked
+    /// beforehand unless the process has `CAP_IPC_LOCK`; see
+    /// [`Error::MemlockLimit`]). `cudaHostRegister` pins the pages by itself, so
+    /// this only matters where locked memory must show up as such.
+    pub mlock: bool,
+    /// Register for every device (`cudaHostRegisterPortable`), for several GPUs.
+    /// Without it the registration belongs to the calling thread's current device.
+    pub portable: bool,
+}
+
+/// One live registration entry of a mapping.
+struct Entry {
+    id: u64,
+    pages: Range<u64>,
+    portable: bool,
+    reg: Weak<Registered>,
+}
+
+/// The live registrations of one mapping (kept in [`MappedFile`]).
+#[derive(Default)]
+pub(crate) struct Registry {
+    state: Mutex<RegistryState>,
+    /// Signalled when an entry is removed.
+    removed: Condvar,
+}
+
+#[derive(Default)]
+struct RegistryState {
+    entries: Vec<Entry>,
+    next_id: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A registration shared by every [`PinnedRange`] inside it. Fields drop in
+/// order: the registration first (waits for copies, unregisters, unlocks, then
+/// drops its window's `Arc` of the mapping), then the budget, then the registry
+/// entry, so nobody registers these pages again before CUDA has forgotten them.
+struct Registered {
+    reg: HostRegistration<FileWindow>,
+    _reservation: Reservation,
+    entry: EntryGuard,
+    pages: Range<u64>,
+    portable: bool,
+}
+
+/// Removes a registry entry when dropped (and wakes those waiting for it).
+struct EntryGuard {
+    /// Keeps the mapping (and its registry) alive until the entry is gone.
+    file: Arc<MappedFile>,
+    id: u64,
+}
+
+impl Drop for EntryGuard {
+    fn drop(&mut self) {
+        lock(&self.file.registry.state).entries.retain(|e| e.id != self.id);
+        self.file.registry.removed.notify_all();
+    }
+}
+
+impl Registered {
+    /// Unregisters (and unlocks) now, reporting CUDA's error. If unregistering
+    /// fails, dropping the registration tries again; if that fails too, the
+    /// window (and with it the mapping) is leaked rather than unmapped under a DMA.
+    fn release(self) -> Result<()> {
+        let Registered { reg, _reservation, entry, .. } = self;
+        let res = reg.into_inner().map(drop).map_err(Error::from);
+        drop(_reservation);
+        drop(entry);
+        res
+    }
+}
+
+/// A byte range of a [`MappedFile`] registered with CUDA in place (no copy of
+/// the file), usable as the source of asynchronous copies at the line rate.
+///
+/// It holds an `Arc` of the mapping, so the mapping lives as long as the
+/// registration and any copy still reading it. The pages are rounded out, but
+/// [`PinnedRange::source`] is exactly the bytes asked for. Unregistering (and
+/// `munlock`) happen when the last range sharing the registration is dropped or
+/// [released](PinnedRange::release); `Drop` first waits for copies reading it.
+///
+/// ```no_run
+/// use pinned_mem::{MappedFile, PinBudget, PinOptions, PinnedRange};
+/// use cuda_safe::{Device, DeviceBuffer, Stream};
+/// # fn main() -> pinned_mem::Result<()> {
+/// let file = MappedFile::open("/data/seed.bin")?;
+/// let budget = PinBudget::new(4 << 30);
+/// let range = PinnedRange::new(&file, 1000..(1 << 20) + 1000, PinOptions::default(), &budget)?;
+/// let dev = Device::get(0)?;
+/// let mut dst = DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+/// Stream::new(&dev)?.copy_to_device(&range.source(), &mut dst)?.wait()?;
+/// range.release()?; // or just drop it
+/// # Ok(()) }
+/// ```
+pub struct PinnedRange {
+    shared: Arc<Registered>,
+    range: Range<u64>,
+}
+
+impl std::fmt::Debug for PinnedRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedRange")
+            .field("file", &self.shared.entry.file.path())
+            .field("range", &self.range)
+            .field("pages", &self.shared.pages)
+            .field("portable", &self.shared.portable)
+            .finish()
+    }
+}
+
+impl PinnedRange {
+    /// Pins bytes `range` of `file`: rounds out to pages, draws the pages from
+    /// `budget`, `mlock`s them if asked, and registers them read-only (plus
+    /// portable if asked) on the calling thread's current device. A range inside
+    /// a live registration of the same mapping shares it instead (no budget, no
+    /// registration).
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 0..file.len(), PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
+    /// assert_eq!(r.len(), file.len());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`] (empty, past the end), [`Error::Overlap`],
+    /// [`Error::BudgetExceeded`], [`Error::MemlockLimit`], and CUDA's error
+    /// from `cudaHostRegister`. Nothing stays pinned, locked or drawn on error.
+    pub fn new(file: &Arc<MappedFile>, range: Range<u64>, opts: PinOptions, budget: &PinBudget) -> Result<PinnedRange> {
+        Self::create(file, range, opts, budget).map(|(r, _)| r)
+    }
+
+    /// As [`PinnedRange::new`], also telling whether a new registration was made
+    /// (`false`: shared an existing one).
+    pub(crate) fn create(
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        opts: PinOptions,
+        budget: &PinBudget,
+    ) -> Result<(PinnedRange, bool)> {
+        let len = file.len();
+        if range.start >= range.end {
+            return Err(Error::BadRange { range, len, reason: "the range is empty: there is nothing to pin" });
+        }
+        if range.end > len {
+            return Err(Error::BadRange { range, len, reason: "the range runs past the end of the file" });
+        }
+        let page = page_size();
+        let pages = align_down(range.start, page)..align_up(range.end, page).min(file.map_len());
+
+        // Registrations found alive during the lookup: declared before the guard
+        // so that they drop after it (dropping the last one locks the registry).
+        let mut alive: Vec<Arc<Registered>> = Vec::new();
+        let mut st = lock(&file.registry.state);
+        loop {
+            let mut dying = false;
+            let mut found = None;
+            for e in st.entries.iter().filter(|e| e.pages.start < pages.end && pages.start < e.pages.end) {
+                let Some(reg) = e.reg.upgrade() else {
+                    dying = true; // being released right now: wait for it to go
+                    continue;
+                };
+                alive.push(Arc::clone(&reg));
+                if e.pages.start <= pages.start && pages.end <= e.pages.end {
+                    if opts.portable && !e.portable {
+                        return Err(Error::Overlap {
+                            requested: range,
+                            existing: e.pages.clone(),
+                            reason: "it is registered without the Portable flag, which this range asks for",
+                        });
+                    }
+                    found = Some(reg);
+                } else {
+                    return Err(Error::Overlap {
+                        requested: range,
+                        existing: e.pages.clone(),
+                        reason: "the range is not inside that registration",
+                    });
+                }
+            }
+            if let Some(shared) = found {
+                drop(st);
+                return Ok((PinnedRange { shared, range }, false));
+            }
+            if !dying {
+                break;
+            }
+            st = file.registry.removed.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+
+        let reservation = budget.reserve(pages.end - pages.start)?;
+        let mut window = file.window(pages.clone())?;
+        if opts.mlock {
+            window.mlock()?;
+        }
+        let flags = RegisterFlags { portable: opts.portable, mapped: false, read_only: true };
+        let reg = HostRegistration::try_new(window, flags).map_err(|(e, window)| {
+            drop(window); // munlock before reporting
+            Error::Cuda(e)
+        })?;
+        let id = st.next_id;
+        st.next_id += 1;
+        let shared = Arc::new(Registered {
+            reg,
+            _reservation: reservation,
+            entry: EntryGuard { file: Arc::clone(file), id },
+            pages: pages.clone(),
+            portable: opts.portable,
+        });
+        st.entries.push(Entry { id, pages, portable: opts.portable, reg: Arc::downgrade(&shared) });
+        drop(st);
+        Ok((PinnedRange { shared, range }, true))
+    }
+
+    /// Exactly the bytes asked for, as a source of asynchronous copies.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 10..20, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert_eq!(r.source().len(), 10);
+    /// # Ok(()) }
+    /// ```
+    pub fn source(&self) -> PinnedSlice<'_, u8> {
+        let base = self.shared.pages.start;
+        let (a, b) = ((self.range.start - base) as usize, (self.range.end - base) as usize);
+        self.shared.reg.slice_clamped(a..b)
+    }
+
+    /// Bytes `r` of the range (relative to its start) as a copy source.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 0..4096, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert_eq!(r.slice(100..200)?.len(), 100);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `r` is not inside the range.
+    pub fn slice(&self, r: Range<usize>) -> Result<PinnedSlice<'_, u8>> {
+        if r.start > r.end || r.end as u64 > self.len() {
+            return Err(Error::invalid(
+                "PinnedRange::slice",
+                format!("{r:?} is outside a range of {} bytes", self.len()),
+            ));
+        }
+        let base = (self.range.start - self.shared.pages.start) as usize;
+        Ok(self.shared.reg.slice_clamped(base + r.start..base + r.end))
+    }
+
+    /// The bytes, read through the mapping.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 0..16, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert_eq!(r.as_bytes(), &file.as_bytes()[..16]);
+    /// # Ok(()) }
+    /// ```
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.shared.entry.file.as_bytes()[self.range.start as usize..self.range.end as usize]
+    }
+
+    /// The file bytes asked for.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert_eq!(r.range(), 5..9);
+    /// # Ok(()) }
+    /// ```
+    pub fn range(&self) -> Range<u64> {
+        self.range.clone()
+    }
+
+    /// The number of bytes asked for (never 0).
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// assert_eq!(PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?.len(), 4);
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::len_without_is_empty)] // never empty: empty ranges are refused
+    pub fn len(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+
+    /// The registered pages (file offsets, rounded out), possibly those of a
+    /// larger registration this range shares.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert_eq!(r.pinned_pages().start, 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn pinned_pages(&self) -> Range<u64> {
+        self.shared.pages.clone()
+    }
+
+    /// True when the pages are also `mlock`-ed.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 0..9, PinOptions { mlock: true, ..Default::default() }, &PinBudget::unlimited())?;
+    /// assert!(r.is_mlocked());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_mlocked(&self) -> bool {
+        self.shared.reg.memory().is_locked()
+    }
+
+    /// True when registered for every device.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 0..9, PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
+    /// assert!(r.is_portable());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_portable(&self) -> bool {
+        self.shared.portable
+    }
+
+    /// How many ranges share this registration (1 when alone).
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let b = PinBudget::unlimited();
+    /// let all = PinnedRange::new(&file, 0..8192, PinOptions::default(), &b)?;
+    /// let part = PinnedRange::new(&file, 100..200, PinOptions::default(), &b)?; // shares `all`
+    /// assert_eq!(part.sharers(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn sharers(&self) -> usize {
+        Arc::strong_count(&self.shared)
+    }
+
+    /// The mapped file.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert!(std::sync::Arc::ptr_eq(r.file(), &file));
+    /// # Ok(()) }
+    /// ```
+    pub fn file(&self) -> &Arc<MappedFile> {
+        &self.shared.entry.file
+    }
+
+    /// Ends this range now: when it is the last sharer, waits for copies still
+    /// reading it, unregisters, unlocks and returns the budget, reporting
+    /// `cudaHostUnregister`'s error (dropping does the same, silently).
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = MappedFile::open("/data/seed.bin")?;
+    /// PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?.release()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// CUDA's error from waiting or unregistering. The registration is then
+    /// retried once more; if that fails too, it is leaked (with the mapping)
+    /// rather than unmapped under a copy.
+    pub fn release(self) -> Result<()> {
+        match Arc::try_unwrap(self.shared) {
+            Ok(reg) => reg.release(),
+            Err(_shared) => Ok(()), // others still use it: they release it
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Where the pieces of a transfer go on the device: whole destination buffers
+//! (one per device), a scratch buffer written around, or chunk buffers handed
+//! to the caller. A piece is bytes `[off, off + len)` of the file, readable as
+//! pinned copy sources through a [`Slicer`]; a sink enqueues its copies on the
+//! streamer's streams (one per device).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Mutex;
+
+use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, PinnedSlice, Stream};
+
+use crate::budget::{PinBudget, Reservation};
+use crate::error::{Error, Result};
+use crate::range::PinnedRange;
+use crate::ring::SlotSource;
+
+/// Pinned bytes of a piece, relative to the piece's first byte.
+pub(crate) trait Slicer {
+    fn slice(&self, r: Range<usize>) -> Result<PinnedSlice<'_, u8>>;
+}
+
+/// Part of a pinned range, from `base` (relative to the range's start).
+pub(crate) struct RangePart<'a> {
+    pub(crate) range: &'a PinnedRange,
+    pub(crate) base: usize,
+}
+
+impl Slicer for RangePart<'_> {
+    fn slice(&self, r: Range<usize>) -> Result<PinnedSlice<'_, u8>> {
+        self.range.slice(self.base + r.start..self.base + r.end)
+    }
+}
+
+impl Slicer for SlotSource<'_> {
+    fn slice(&self, r: Range<usize>) -> Result<PinnedSlice<'_, u8>> {
+        SlotSource::slice(self, r)
+    }
+}
+
+/// A bit per stream index.
+pub(crate) type StreamMask = u64;
+
+pub(crate) fn mask_streams(mask: StreamMask, streams: &[Stream]) -> Vec<&Stream> {
+    streams.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, s)| s).collect()
+}
+
+pub(crate) trait Sink: Send {
+    /// Sent to the calling thread when `put` completes something (chunks).
+    type Msg: Send;
+    /// The streams a piece goes to.
+    fn streams_for(&self, off: u64, len: u64) -> StreamMask;
+    /// Enqueues the piece's copies.
+    fn put(
+        &mut self,
+        streams: &[Stream],
+        src: &dyn Slicer,
+        off: u64,
+        len: usize,
+        out: &mut Vec<Self::Msg>,
+    ) -> Result<()>;
+    /// `Some(false)` when a check made while putting failed.
+    fn verified(&self) -> Option<bool> {
+        None
+    }
+}
+
+/// Copies back through a small pinned buffer and compares with the file.
+pub(crate) struct Verifier {
+    bounce: PinnedBuffer<u8>,
+    _reservation: Reservation,
+}
+
+impl Verifier {
+    pub(crate) fn new(budget: &PinBudget, bytes: usize) -> Result<Verifier> {
+        let reservation = budget.reserve(bytes as u64)?;
+        Ok(Verifier { bounce: PinnedBuffer::new(bytes)?, _reservation: reservation })
+    }
+
+    /// True when `dev[at..at + expected.len()]` equals `expected`.
+    pub(crate) fn check(
+        &mut self,
+        stream: &Stream,
+        dev: &DeviceBuffer<u8>,
+        at: usize,
+        expected: &[u8],
+    ) -> Result<bool> {
+        let step = self.bounce.len().max(1);
+        let mut done = 0;
+        while done < expected.len() {
+            let n = step.min(expected.len() - done);
+            let src = dev.slice(at + done..at + done + n)?;
+            let mut dst = self.bounce.slice_mut(0..n)?;
+            stream.copy_to_host(&src, &mut dst)?.wait()?;
+            if self.bounce.as_slice()?[..n] != expected[done..done + n] {
+                return Ok(false);
+            }
+            done += n;
+        }
+        Ok(true)
+    }
+}
+
+/// Whole destination buffers: byte `off` of the file goes to `off - start` of each.
+pub(crate) struct DevicesSink<'a> {
+    pub(crate) start: u64,
+    /// (stream index, destination)
+    pub(crate) dsts: Vec<(usize, &'a mut DeviceBuffer<u8>)>,
+}
+
+impl Sink for DevicesSink<'_> {
+    type Msg = ();
+    fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
+        self.dsts.iter().fold(0, |m, (i, _)| m | 1 << i)
+    }
+    fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, _out: &mut Vec<()>) -> Result<()> {
+        let at = (off - self.start) as usize;
+        let piece = src.slice(0..len)?;
+        for (i, dst) in &mut self.dsts {
+            let stream = streams.get(*i).ok_or_else(|| Error::invalid("sink", "no stream"))?;
+            let mut d = dst.slice_mut(at..at + len)?;
+            stream.copy_to_device(&piece, &mut d)?.detach();
+        }
+        Ok(())
+    }
+}
+
+/// A scratch buffer written around: byte `off` goes to `(off - start) % len`.
+pub(crate) struct ScratchSink<'a> {
+    pub(crate) start: u64,
+    pub(crate) stream: usize,
+    pub(crate) dst: &'a mut DeviceBuffer<u8>,
+    /// With verification: the file's bytes and the checker; each part is read back.
+    pub(crate) verify: Option<(&'a [u8], Verifier)>,
+    pub(crate) ok: bool,
+}
+
+impl Sink for ScratchSink<'_> {
+    type Msg = ();
+    fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
+        1 << self.stream
+    }
+    fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, _out: &mut Vec<()>) -> Result<()> {
+        let stream = streams.get(self.stream).ok_or_else(|| Error::invalid("sink", "no stream"))?;
+        let size = self.dst.len() as u64;
+        let mut done = 0usize;
+        while done < len {
+            let pos = ((off + done as u64 - self.start) % size) as usize;
+            let n = (len - done).min(self.dst.len() - pos);
+            {
+                let piece = src.slice(done..done + n)?;
+                let mut d = self.dst.slice_mut(pos..pos + n)?;
+                stream.copy_to_device(&piece, &mut d)?.detach();
+            }
+            if let Some((file, v)) = &mut self.verify {
+                let at = (off + done as u64) as usize;
+                let expected = file.get(at..at + n).ok_or_else(|| Error::invalid("verify", "outside the file"))?;
+                if !v.check(stream, self.dst, pos, expected)? {
+                    self.ok = false;
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+    fn verified(&self) -> Option<bool> {
+        self.verify.as_ref().map(|_| self.ok)
+    }
+}
+
+/// A chunk completed on the device: its copies are enqueued on `stream`.
+pub(crate) struct Chunk {
+    pub(crate) off: u64,
+    pub(crate) len: usize,
+    pub(crate) stream: usize,
+    pub(crate) buf: DeviceBuffer<u8>,
+}
+
+/// Device chunk buffers, per stream, reused across chunks.
+pub(crate) type ChunkPool = Mutex<Vec<Vec<DeviceBuffer<u8>>>>;
+
+/// Chunks of `chunk` bytes from `start` (the last one shorter), chunk `k` on
+/// stream `k % streams`, assembled from pieces in any order and handed on once
+/// complete.
+pub(crate) struct ChunkSink<'a> {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) chunk: u64,
+    pub(crate) devices: Vec<Device>,
+    pub(crate) pool: &'a ChunkPool,
+    pub(crate) partial: HashMap<u64, (DeviceBuffer<u8>, u64)>,
+}
+
+impl ChunkSink<'_> {
+    fn chunks(&self, off: u64, len: u64) -> Range<u64> {
+        let first = (off - self.start) / self.chunk;
+        let last = (off + len - 1 - self.start) / self.chunk;
+        first..last + 1
+    }
+}
+
+impl Sink for ChunkSink<'_> {
+    type Msg = Chunk;
+    fn streams_for(&self, off: u64, len: u64) -> StreamMask {
+        let n = self.devices.len() as u64;
+        if len == 0 {
+            return 0;
+        }
+        self.chunks(off, len).take(n as usize).fold(0, |m, k| m | 1 << (k % n))
+    }
+    fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, out: &mut Vec<Chunk>) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let n = self.devices.len() as u64;
+        for k in self.chunks(off, len as u64) {
+            let cs = self.start + k * self.chunk;
+            let ce = (cs + self.chunk).min(self.end);
+            let (a, b) = (off.max(cs), (off + len as u64).min(ce));
+            let si = (k % n) as usize;
+            let stream = streams.get(si).ok_or_else(|| Error::invalid("sink", "no stream"))?;
+            let (mut buf, mut filled) = match self.partial.remove(&k) {
+                Some(p) => p,
+                None => {
+                    let pooled = self
+                        .pool
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .get_mut(si)
+                        .and_then(Vec::pop);
+                    match pooled {
+                        Some(b) => (b, 0),
+                        None => {
+                            let size = self.chunk.min(self.end - self.start) as usize;
+                            (DeviceBuffer::<u8>::new(&self.devices[si], size)?, 0)
+                        }
+                    }
+                }
+            };
+            let copied = (|| -> Result<()> {
+                let piece = src.slice((a - off) as usize..(b - off) as usize)?;
+                let mut d = buf.slice_mut((a - cs) as usize..(b - cs) as usize)?;
+                stream.copy_to_device(&piece, &mut d)?.detach();
+                Ok(())
+            })();
+            if let Err(e) = copied {
+                self.partial.insert(k, (buf, filled));
+                return Err(e);
+            }
+            filled += b - a;
+            if filled == ce - cs {
+                out.push(Chunk { off: cs, len: (ce - cs) as usize, stream: si, buf });
+            } else {
+                self.partial.insert(k, (buf, filled));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,269 @@
+//! Strategies for moving a file range to the GPU, and how `Auto` picks one.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::util::{Bytes, align_up, page_size};
+
+/// How a [`Streamer`](crate::Streamer) moves bytes. Sizes are in bytes.
+///
+/// ```
+/// use pinned_mem::Strategy;
+/// assert_eq!(Strategy::Auto.to_string(), "auto");
+/// assert_eq!(Strategy::Windows { window: 256 << 20, in_flight: 3 }.to_string(), "windows 256 MiB x3");
+/// assert_eq!(Strategy::Ring { slots: 8, slot: 16 << 20, threads: 4 }.to_string(), "ring 8 x 16 MiB, 4 threads");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// Pick from the budget and the file (see [`Streamer::resolve`](crate::Streamer::resolve)).
+    Auto,
+    /// Register the whole range (the whole file when it fits) once, keep the
+    /// registration in the streamer, and copy from it: later passes cost no
+    /// registration. Needs the range's pages in the budget.
+    WholeFile,
+    /// Sliding registered windows of `window` bytes: one thread registers the
+    /// next windows while the earlier ones copy, up to `in_flight` registered at
+    /// once, then unregisters that batch together once its copies completed
+    /// (`cudaHostUnregister` waits for all copies in flight, so one drain per
+    /// batch instead of per window). Needs `window * in_flight`.
+    Windows {
+        /// Bytes per window (rounded up to pages).
+        window: usize,
+        /// Windows registered at once (>= 2 to overlap registering with copying;
+        /// more makes fewer drains).
+        in_flight: usize,
+    },
+    /// The pinned ring: `threads` threads `pread` the file into `slots` pinned
+    /// slots of `slot` bytes, each copied as soon as filled. Needs `slots * slot`.
+    Ring {
+        /// Number of slots.
+        slots: usize,
+        /// Bytes per slot.
+        slot: usize,
+        /// Producer threads.
+        threads: usize,
+    },
+    /// Windows and the ring at once: one thread registers windows of `window`
+    /// bytes from the front of the range (4 registered, then unregistered
+    /// together) while `threads` ring threads copy slots of `slot` bytes from
+    /// the back (2 slots per thread), also while windows are unregistered; they
+    /// meet where their rates put them. Needs `4 * window + 2 * threads * slot`.
+    Hybrid {
+        /// Bytes per window (rounded up to pages).
+        window: usize,
+        /// Bytes per ring slot.
+        slot: usize,
+        /// Ring threads (besides the window thread).
+        threads: usize,
+    },
+    /// For files not in the page cache: `threads` threads read with `O_DIRECT`
+    /// straight into `slots` aligned pinned slots of `slot` bytes (rounded up to
+    /// 4 KiB). Fails with [`Error::DirectUnsupported`] where the file system
+    /// refuses `O_DIRECT` (tmpfs).
+    Direct {
+        /// Number of slots.
+        slots: usize,
+        /// Bytes per slot (rounded up to 4 KiB).
+        slot: usize,
+        /// Reader threads.
+        threads: usize,
+    },
+}
+
+/// `O_DIRECT` alignment of offsets, lengths and buffers (covers 512 B and 4 KiB sectors).
+pub(crate) const DIRECT_ALIGN: u64 = 4096;
+/// Windows registered at once by the hybrid (then unregistered together).
+pub(crate) const HYBRID_IN_FLIGHT: usize = 4;
+/// Windows registered at once when `Auto` picks windows alone.
+const WINDOWS_IN_FLIGHT: usize = 4;
+/// Ring slots per ring thread in the hybrid.
+pub(crate) const HYBRID_SLOTS_PER_THREAD: usize = 2;
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = |x: usize| Bytes(x as u64);
+        let t = |n: usize| if n == 1 { "1 thread".to_string() } else { format!("{n} threads") };
+        match *self {
+            Strategy::Auto => write!(f, "auto"),
+            Strategy::WholeFile => write!(f, "whole-file"),
+            Strategy::Windows { window, in_flight } => write!(f, "windows {} x{in_flight}", b(window)),
+            Strategy::Ring { slots, slot, threads } => write!(f, "ring {slots} x {}, {}", b(slot), t(threads)),
+            Strategy::Hybrid { window, slot, threads } => {
+                write!(f, "hybrid {} windows + {} slots, {}", b(window), b(slot), t(threads))
+            }
+            Strategy::Direct { slots, slot, threads } => write!(f, "direct {slots} x {}, {}", b(slot), t(threads)),
+        }
+    }
+}
+
+impl Strategy {
+    /// Pinned bytes the strategy needs at once for a range of `len` bytes
+    /// (`None` for `Auto`).
+    ///
+    /// ```
+    /// use pinned_mem::Strategy;
+    /// assert_eq!(Strategy::Ring { slots: 4, slot: 1 << 20, threads: 2 }.pinned_bytes(1 << 30), Some(4 << 20));
+    /// ```
+    pub fn pinned_bytes(&self, len: u64) -> Option<u64> {
+        let page = page_size();
+        Some(match *self {
+            Strategy::Auto => return None,
+            Strategy::WholeFile => align_up(len, page) + page,
+            Strategy::Windows { window, in_flight } => align_up(window as u64, page) * in_flight as u64,
+            Strategy::Ring { slots, slot, .. } => slots as u64 * slot as u64,
+            Strategy::Hybrid { window, slot, threads } => {
+                align_up(window as u64, page) * HYBRID_IN_FLIGHT as u64
+                    + (threads * HYBRID_SLOTS_PER_THREAD) as u64 * slot as u64
+            }
+            Strategy::Direct { slots, slot, .. } => slots as u64 * align_up(slot as u64, DIRECT_ALIGN),
+        })
+    }
+
+    /// Checks the sizes and rounds them as the streamer uses them.
+    pub(crate) fn normalized(self) -> Result<Strategy> {
+        let page = page_size() as usize;
+        let round = |x: usize, a: usize| x.div_ceil(a).saturating_mul(a);
+        let bad = |m: String| Err(Error::invalid("Strategy", m));
+        match self {
+            Strategy::Auto | Strategy::WholeFile => Ok(self),
+            Strategy::Windows { window, in_flight } => {
+                if window == 0 || in_flight == 0 {
+                    return bad(format!("{self:?}: window and in_flight must be > 0"));
+                }
+                Ok(Strategy::Windows { window: round(window, page), in_flight })
+            }
+            Strategy::Ring { slots, slot, threads } => {
+                if slots == 0 || slot == 0 || threads == 0 {
+                    return bad(format!("{self:?}: slots, slot and threads must be > 0"));
+                }
+                Ok(self)
+            }
+            Strategy::Hybrid { window, slot, threads } => {
+                if window == 0 || slot == 0 || threads == 0 {
+                    return bad(format!("{self:?}: window, slot and threads must be > 0"));
+                }
+                Ok(Strategy::Hybrid { window: round(window, page), slot, threads })
+            }
+            Strategy::Direct { slots, slot, threads } => {
+                if slots == 0 || slot == 0 || threads == 0 {
+                    return bad(format!("{self:?}: slots, slot and threads must be > 0"));
+                }
+                Ok(Strategy::Direct { slots, slot: round(slot, DIRECT_ALIGN as usize), threads })
+            }
+        }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// What `Auto` picks for a range of `len` bytes with `avail` pinned bytes
+/// usable, on a machine of `cpus` CPUs; `cold` when the range is mostly not in
+/// the page cache (and `O_DIRECT` may be tried).
+///
+/// * the range fits: whole-file (registered once, reused across passes);
+/// * else, cold: direct `O_DIRECT` reads into a ring;
+/// * else, room for four windows of at least 32 MiB and ring slots: the
+///   hybrid, a quarter of the budget (at most 16 MiB per slot, 2 slots per
+///   thread) to the ring and the rest to four windows of at most 1 GiB;
+/// * else, room for four windows of at least 16 MiB: windows;
+/// * else the ring with what fits (slots of 64 KiB at least), or `None`.
+pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Strategy> {
+    let page = page_size();
+    if align_up(len, page) + page <= avail {
+        return Some(Strategy::WholeFile);
+    }
+    let floor_pow2 = |x: u64| if x == 0 { 0 } else { 1u64 << (63 - x.leading_zeros()) };
+    if cold {
+        let threads = cpus.clamp(2, 4);
+        let slots = 2 * threads;
+        let slot = floor_pow2(avail / slots as u64).min(16 * MIB);
+        if slot >= DIRECT_ALIGN * 16 {
+            return Some(Strategy::Direct { slots, slot: slot as usize, threads });
+        }
+    }
+    // Hybrid: windows at about 25 GB/s (registration-bound, one thread) plus
+    // ring threads at about 9 GB/s each.
+    let threads = (cpus / 4).clamp(1, 4);
+    let slots = (threads * HYBRID_SLOTS_PER_THREAD) as u64;
+    let slot = floor_pow2(avail / 4 / slots).min(16 * MIB);
+    if slot >= MIB {
+        let window = ((avail - slot * slots) / HYBRID_IN_FLIGHT as u64 / page * page).min(1 << 30);
+        if window >= 32 * MIB {
+            return Some(Strategy::Hybrid { window: window as usize, slot: slot as usize, threads });
+        }
+    }
+    // Small windows register slowly (2.5 MiB: about 1 ms each): below 16 MiB
+    // the ring is faster.
+    let window = (avail / WINDOWS_IN_FLIGHT as u64 / page * page).min(1 << 30);
+    if window >= 16 * MIB {
+        return Some(Strategy::Windows { window: window as usize, in_flight: WINDOWS_IN_FLIGHT });
+    }
+    let threads = cpus.clamp(1, 4);
+    for slots in [2 * threads, threads, 2] {
+        let slot = floor_pow2(avail / slots as u64).min(16 * MIB);
+        if slot >= 64 << 10 {
+            return Some(Strategy::Ring { slots, slot: slot as usize, threads: threads.min(slots) });
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_short_names() {
+        assert_eq!(Strategy::WholeFile.to_string(), "whole-file");
+        assert_eq!(Strategy::Windows { window: 256 << 20, in_flight: 3 }.to_string(), "windows 256 MiB x3");
+        assert_eq!(
+            Strategy::Hybrid { window: 1 << 30, slot: 16 << 20, threads: 4 }.to_string(),
+            "hybrid 1 GiB windows + 16 MiB slots, 4 threads"
+        );
+        assert_eq!(Strategy::Direct { slots: 8, slot: 8 << 20, threads: 1 }.to_string(), "direct 8 x 8 MiB, 1 thread");
+    }
+
+    #[test]
+    fn normalize() {
+        let p = page_size() as usize;
+        assert_eq!(
+            Strategy::Windows { window: p + 1, in_flight: 2 }.normalized().unwrap(),
+            Strategy::Windows { window: 2 * p, in_flight: 2 }
+        );
+        assert_eq!(
+            Strategy::Direct { slots: 2, slot: 5000, threads: 1 }.normalized().unwrap(),
+            Strategy::Direct { slots: 2, slot: 8192, threads: 1 }
+        );
+        assert!(Strategy::Ring { slots: 0, slot: 1, threads: 1 }.normalized().is_err());
+        assert!(Strategy::Hybrid { window: 1, slot: 1, threads: 0 }.normalized().is_err());
+    }
+
+    #[test]
+    fn auto_plans() {
+        let gib = 1u64 << 30;
+        assert_eq!(plan(gib, 2 * gib, 16, false), Some(Strategy::WholeFile));
+        assert_eq!(plan(gib, 2 * gib, 16, true), Some(Strategy::WholeFile));
+        match plan(68 * gib, 8 * gib, 16, false) {
+            Some(s @ Strategy::Hybrid { window, slot, threads }) => {
+                assert_eq!((window, slot, threads), (1 << 30, 16 << 20, 4));
+                assert!(s.pinned_bytes(68 * gib).unwrap() <= 8 * gib);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(plan(68 * gib, 8 * gib, 16, true), Some(Strategy::Direct { .. })));
+        assert!(matches!(plan(gib, 100 * MIB, 2, false), Some(Strategy::Windows { in_flight: 4, .. })));
+        assert!(matches!(plan(gib, 40 * MIB, 2, false), Some(Strategy::Ring { .. })));
+        assert!(matches!(plan(gib, 2 * MIB, 2, false), Some(Strategy::Ring { .. })));
+        assert_eq!(plan(gib, 1000, 2, false), None);
+        for avail in [MIB, 10 * MIB, 100 * MIB, gib, 10 * gib] {
+            for cpus in [1, 2, 16, 64] {
+                for cold in [false, true] {
+                    if let Some(s) = plan(100 * gib, avail, cpus, cold) {
+                        assert!(s.pinned_bytes(100 * gib).unwrap() <= avail, "{s} over {avail}");
+                        assert!(s.normalized().is_ok());
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1257 @@
+//! Streaming a file range of any size to one or more GPUs.
+//!
+//! Every transfer splits the range between *agents* that claim parts of it
+//! from a shared cursor pair: the **window agent** (one thread) claims from the
+//! front and makes the bytes pinned in place (a sliding registered window, or a
+//! piece of a cached whole-file registration); **ring agents** (N threads)
+//! claim from the front (ring, direct) or from the back (hybrid), `pread` the
+//! bytes into a pinned ring slot (or read them with `O_DIRECT`), and copy the
+//! slot. In the hybrid both run at once and meet wherever their actual rates
+//! put them, which splits the file in proportion to those rates without
+//! measuring them beforehand.
+//!
+//! All copies to one device go to one stream in enqueue order (the
+//! destination's fence would serialize two streams writing one buffer anyway),
+//! so the copy engine is fed from both sources. A window or slot is reused or
+//! unregistered only after the event recorded after its copies has completed
+//! (events are blocking-sync: waiting sleeps, it does not spin a core).
+//!
+//! Measured on the H200: `cudaHostRegister` runs alongside copies, but
+//! `cudaHostUnregister` waits for every copy in flight on the device. So the
+//! window agent registers windows ahead while earlier ones copy, up to the
+//! strategy's count, and then unregisters the whole batch at once (one drain
+//! per batch, not per window); in the hybrid, ring copies keep the copy engine
+//! busy meanwhile.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
+use std::time::Instant;
+
+use cuda_safe::{Device, DeviceBuffer, Event, EventOptions, Stream};
+
+use crate::budget::PinBudget;
+use crate::error::{Error, Result};
+use crate::mapping::MappedFile;
+use crate::range::{PinOptions, PinnedRange};
+use crate::ring::{FreeSlot, FullSlot, PinnedRing};
+use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, RangePart, ScratchSink, Sink, Verifier, mask_streams};
+use crate::strategy::{DIRECT_ALIGN, HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy, plan};
+use crate::util::{Bytes, align_down, align_up, cpus, page_size, process_cpu_seconds};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Copies from a cached whole-file registration are enqueued in pieces of this
+/// size (as fast as one copy, and progress and chunking see them).
+const PIECE: u64 = 64 << 20;
+/// Events in flight for whole-file pieces.
+const PIECE_IN_FLIGHT: usize = 4;
+/// The pinned bounce buffer of verification.
+const VERIFY_BOUNCE: u64 = 1 << 20;
+
+/// A progress callback: `(bytes done, bytes in all)`, called from worker threads.
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// How a [`Streamer`] works.
+///
+/// ```
+/// use pinned_mem::{PinBudget, StreamConfig, Strategy};
+/// let mut cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30));
+/// cfg.verify = true;
+/// cfg.progress = Some(std::sync::Arc::new(|done, total| eprintln!("{done}/{total}")));
+/// ```
+#[derive(Clone)]
+pub struct StreamConfig {
+    /// The strategy, or [`Strategy::Auto`].
+    pub strategy: Strategy,
+    /// What every registration, window, slot and bounce buffer draws from.
+    pub budget: PinBudget,
+    /// `mlock` registered windows too (see [`PinOptions::mlock`]); with `Auto`,
+    /// windows are also kept within the `RLIMIT_MEMLOCK` headroom.
+    pub mlock: bool,
+    /// Copy the data back and compare it with the file ([`Report::verified`]).
+    pub verify: bool,
+    /// Called as copies complete, with `(bytes done, bytes in all)`, from worker
+    /// threads. It must be quick and must not call back into the streamer.
+    pub progress: Option<Progress>,
+}
+
+impl std::fmt::Debug for StreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamConfig")
+            .field("strategy", &self.strategy)
+            .field("budget", &self.budget)
+            .field("mlock", &self.mlock)
+            .field("verify", &self.verify)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl StreamConfig {
+    /// `strategy` and `budget`, no mlock, no verification, no progress.
+    ///
+    /// ```
+    /// let cfg = pinned_mem::StreamConfig::new(pinned_mem::Strategy::WholeFile, pinned_mem::PinBudget::unlimited());
+    /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none());
+    /// ```
+    pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
+        StreamConfig { strategy, budget, mlock: false, verify: false, progress: None }
+    }
+}
+
+/// What a transfer did.
+///
+/// ```
+/// let r = pinned_mem::Report {
+///     strategy: pinned_mem::Strategy::WholeFile, bytes: 2_000_000_000, seconds: 0.04, cpu_seconds: 0.01,
+///     peak_pinned: 2 << 30, registrations: 0, verified: None,
+/// };
+/// assert!((r.gbps() - 50.0).abs() < 1e-9);
+/// println!("{r}");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// The strategy used (what `Auto` resolved to, sizes rounded).
+    pub strategy: Strategy,
+    /// Bytes moved to devices (the range's length times the number of destinations).
+    pub bytes: u64,
+    /// Wall time of the transfer, up to all copies complete (without verification).
+    pub seconds: f64,
+    /// CPU time of the whole process meanwhile (user + system, all threads).
+    pub cpu_seconds: f64,
+    /// The most bytes pinned through the budget at once during the call
+    /// (including the streamer's cached registrations and ring).
+    pub peak_pinned: u64,
+    /// `cudaHostRegister` calls made (0 on a pass served by a cached registration).
+    pub registrations: u64,
+    /// With [`StreamConfig::verify`]: whether the device data equals the file.
+    pub verified: Option<bool>,
+}
+
+impl Report {
+    /// Decimal gigabytes per second (`bytes / seconds / 1e9`), as in the H200 facts.
+    ///
+    /// ```
+    /// # let r = pinned_mem::Report { strategy: pinned_mem::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None };
+    /// assert_eq!(r.gbps(), 0.0);
+    /// ```
+    pub fn gbps(&self) -> f64 {
+        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
+    }
+
+    /// CPU seconds per decimal gigabyte moved.
+    ///
+    /// ```
+    /// # let r = pinned_mem::Report { strategy: pinned_mem::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None };
+    /// assert_eq!(r.cpu_per_gb(), 0.5);
+    /// ```
+    pub fn cpu_per_gb(&self) -> f64 {
+        if self.bytes > 0 { self.cpu_seconds / (self.bytes as f64 / 1e9) } else { 0.0 }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} in {:.3} s ({:.2} GB/s), {:.3} CPU s/GB, peak pinned {}, {} registrations",
+            self.strategy,
+            Bytes(self.bytes),
+            self.seconds,
+            self.gbps(),
+            self.cpu_per_gb(),
+            Bytes(self.peak_pinned),
+            self.registrations
+        )?;
+        match self.verified {
+            Some(true) => write!(f, ", verified"),
+            Some(false) => write!(f, ", VERIFICATION FAILED"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Moves byte ranges of mapped files to device memory on one or more GPUs,
+/// choosing (or being told) a strategy from the pin budget and the file.
+///
+/// It keeps one stream per device, the whole-file registrations it made (so a
+/// second pass over the same file costs no registration) and its pinned ring
+/// (allocated once), all drawn from the budget until
+/// [`Streamer::release_pins`] or drop. Calls are serialized.
+///
+/// ```no_run
+/// use pinned_mem::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
+/// use cuda_safe::{Device, DeviceBuffer};
+/// # fn main() -> pinned_mem::Result<()> {
+/// let dev = Device::get(0)?;
+/// let file = MappedFile::open("/data/seed.bin")?;
+/// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
+/// let mut dst = DeviceBuffer::<u8>::new(&dev, file.len() as usize)?;
+/// let report = streamer.to_device(&file, 0..file.len(), &mut dst)?;
+/// println!("{report}");
+/// # Ok(()) }
+/// ```
+pub struct Streamer {
+    devices: Vec<Device>,
+    streams: Vec<Stream>,
+    done_events: Vec<Event>,
+    config: StreamConfig,
+    portable: bool,
+    owner: Mutex<Option<ThreadId>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Whole-file registrations, least recently used first.
+    cache: Vec<PinnedRange>,
+    ring: Option<PinnedRing>,
+}
+
+impl std::fmt::Debug for Streamer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streamer").field("devices", &self.devices).field("config", &self.config).finish()
+    }
+}
+
+/// Clears the owner mark when a call ends, however it ends.
+struct Owner<'a>(&'a Mutex<Option<ThreadId>>, ThreadId);
+impl Drop for Owner<'_> {
+    fn drop(&mut self) {
+        let mut o = lock(self.0);
+        if *o == Some(self.1) {
+            *o = None;
+        }
+    }
+}
+
+impl Streamer {
+    /// A streamer for `devices` (one stream each, non-blocking); more than one
+    /// device makes every registration portable.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// let devices = cuda_safe::Device::all()?;
+    /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no device, a repeated one, more than 64,
+    /// or a bad strategy; CUDA's error creating streams and events.
+    pub fn new(devices: &[Device], config: StreamConfig) -> Result<Streamer> {
+        if devices.is_empty() || devices.len() > 64 {
+            return Err(Error::invalid("Streamer::new", format!("{} devices: give 1 to 64", devices.len())));
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].contains(d) {
+                return Err(Error::invalid("Streamer::new", format!("device {} is given twice", d.ordinal())));
+            }
+        }
+        config.strategy.normalized()?;
+        let mut streams = Vec::with_capacity(devices.len());
+        let mut done_events = Vec::with_capacity(devices.len());
+        for d in devices {
+            streams.push(Stream::new(d)?);
+            done_events.push(Event::new(d, EventOptions { timing: false, blocking_sync: true })?);
+        }
+        Ok(Streamer {
+            devices: devices.to_vec(),
+            streams,
+            done_events,
+            portable: devices.len() > 1,
+            config,
+            owner: Mutex::new(None),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The devices, in the order given.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// assert_eq!(s.devices().len(), 1);
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// The stream of each device (copies are enqueued there).
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// s.streams()[0].synchronize()?;
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn streams(&self) -> &[Stream] {
+        &self.streams
+    }
+
+    /// The configuration.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// assert_eq!(s.config().strategy, Strategy::Auto);
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn config(&self) -> &StreamConfig {
+        &self.config
+    }
+
+    /// Bytes of registrations and ring the streamer keeps between calls.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// assert_eq!(s.kept_pinned_bytes(), 0);
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn kept_pinned_bytes(&self) -> u64 {
+        match self.state.try_lock() {
+            Ok(st) => kept(&st),
+            Err(_) => 0,
+        }
+    }
+
+    /// Drops the cached registrations and the ring (unregistering and freeing
+    /// them, returning their bytes to the budget).
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// s.release_pins()?;
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `cudaHostUnregister`'s error (the first one; the rest are still released),
+    /// or [`Error::InvalidArgument`] from inside a callback of this streamer.
+    pub fn release_pins(&self) -> Result<()> {
+        let (_owner, mut st) = self.enter("Streamer::release_pins")?;
+        st.ring = None;
+        let mut first = Ok(());
+        for r in std::mem::take(&mut st.cache) {
+            if let Err(e) = r.release() {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// What [`Strategy::Auto`] picks for `file_len` bytes of a page-cached file
+    /// with the budget as it is now (the configured strategy, when not `Auto`).
+    /// When nothing fits it answers the smallest ring, which then fails with
+    /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
+    /// range larger than the budget gets [`Strategy::Direct`].
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
+    /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
+    /// # Ok::<(), pinned_mem::Error>(())
+    /// ```
+    pub fn resolve(&self, file_len: u64) -> Strategy {
+        let strategy = self.config.strategy.normalized().unwrap_or(self.config.strategy);
+        if strategy != Strategy::Auto {
+            return strategy;
+        }
+        let kept = self.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
+        let avail = self.usable(kept);
+        plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
+    }
+
+    /// Moves file bytes `range` to `dst` (of the range's length) on its device.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let dev = cuda_safe::Device::get(0)?;
+    /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// let file = MappedFile::open("/data/seed.bin")?;
+    /// let mut dst = cuda_safe::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+    /// let report = s.to_device(&file, 4096..4096 + (1 << 20), &mut dst)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`], [`Error::InvalidArgument`] (length, or a device the
+    /// streamer has no stream for), [`Error::BudgetExceeded`],
+    /// [`Error::DirectUnsupported`], and any CUDA or I/O error on the way; nothing
+    /// is left pinned, registered or in flight by the call on error.
+    pub fn to_device(&self, file: &Arc<MappedFile>, range: Range<u64>, dst: &mut DeviceBuffer<u8>) -> Result<Report> {
+        self.to_devices(file, range, std::slice::from_mut(dst))
+    }
+
+    /// Moves file bytes `range` to every buffer of `dsts` at once (each of the
+    /// range's length, each on a device of the streamer): each piece is pinned
+    /// or read once and copied to every device.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// let devices = cuda_safe::Device::all()?;
+    /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// let file = MappedFile::open("/data/seed.bin")?;
+    /// let mut dsts = devices.iter().map(|d| cuda_safe::DeviceBuffer::<u8>::new(d, file.len() as usize)).collect::<Result<Vec<_>, _>>()?;
+    /// s.to_devices(&file, 0..file.len(), &mut dsts)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Streamer::to_device`].
+    pub fn to_devices(
+        &self,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        dsts: &mut [DeviceBuffer<u8>],
+    ) -> Result<Report> {
+        let len = check_range(file, &range)?;
+        if dsts.is_empty() {
+            return Err(Error::invalid("Streamer::to_devices", "no destination"));
+        }
+        let mut targets = Vec::with_capacity(dsts.len());
+        for d in dsts.iter_mut() {
+            if d.len() as u64 != len {
+                return Err(Error::invalid(
+                    "Streamer::to_devices",
+                    format!("destination holds {} bytes, the range {len}", d.len()),
+                ));
+            }
+            targets.push((self.stream_of(d.device())?, d));
+        }
+        let n = targets.len() as u64;
+        let (_owner, mut st) = self.enter("Streamer::to_devices")?;
+        let mut verifier = self.verifier(&mut st, len)?;
+        let sink = DevicesSink { start: range.start, dsts: targets };
+        let (mut report, _) = self.run(&mut st, file, range.clone(), sink, |()| Ok(()))?;
+        report.bytes = len * n;
+        if let Some(v) = &mut verifier {
+            let mut ok = true;
+            let expected = &file.as_bytes()[range.start as usize..range.end as usize];
+            for d in dsts.iter() {
+                let stream = &self.streams[self.stream_of(d.device())?];
+                ok &= v.check(stream, d, 0, expected)?;
+            }
+            report.verified = Some(ok);
+        }
+        Ok(report)
+    }
+
+    /// Moves file bytes `range`, of any size, through `scratch`: the byte at
+    /// `range.start + i` is written to `scratch[i % scratch.len()]` (for files
+    /// larger than device memory, and benchmarks). With verification every part
+    /// is read back right after its copy.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let dev = cuda_safe::Device::get(0)?;
+    /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
+    /// let file = MappedFile::open("/data/seed.bin")?; // 68 GB
+    /// let mut scratch = cuda_safe::DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
+    /// println!("{}", s.to_scratch(&file, 0..file.len(), &mut scratch)?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Streamer::to_device`]; an empty scratch buffer is refused.
+    pub fn to_scratch(
+        &self,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        scratch: &mut DeviceBuffer<u8>,
+    ) -> Result<Report> {
+        let len = check_range(file, &range)?;
+        if scratch.is_empty() {
+            return Err(Error::invalid("Streamer::to_scratch", "the scratch buffer is empty"));
+        }
+        let stream = self.stream_of(scratch.device())?;
+        let (_owner, mut st) = self.enter("Streamer::to_scratch")?;
+        let verify = self.verifier(&mut st, len)?.map(|v| (file.as_bytes(), v));
+        let sink = ScratchSink { start: range.start, stream, dst: scratch, verify, ok: true };
+        let (report, _) = self.run(&mut st, file, range, sink, |()| Ok(()))?;
+        Ok(report)
+    }
+
+    /// Moves file bytes `range` to the devices in chunks of `chunk` bytes (the
+    /// last one shorter) and calls `f(stream, chunk_buffer, file_offset, len)`
+    /// on the calling thread for each chunk once its copies are enqueued on
+    /// `stream`: work `f` enqueues on `stream` runs after them. Chunk `k` goes to
+    /// device `k % devices`. Chunks arrive in the order they complete (in file
+    /// order for whole-file and windows, roughly so for the ring strategies).
+    /// Chunk buffers hold `min(chunk, range length)` bytes (the first `len` are
+    /// the chunk's) and are reused once `f` returns: work on `stream` is ordered
+    /// before the next write into them, and so is work through this crate's safe
+    /// API on other streams; work on other streams through raw pointers must be
+    /// synchronized by `f`.
+    ///
+    /// ```no_run
+    /// # use pinned_mem::*;
+    /// # fn main() -> Result<()> {
+    /// # let dev = cuda_safe::Device::get(0)?;
+    /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// let file = MappedFile::open("/data/seed.bin")?;
+    /// let mut sum = cuda_safe::DeviceBuffer::<u8>::new(&dev, 64 << 20)?;
+    /// s.for_each_chunk(&file, 0..file.len(), 64 << 20, |stream, chunk, offset, len| {
+    ///     // e.g. launch a kernel on `stream` reading chunk[..len]
+    ///     let _ = (stream, chunk, offset, len);
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Streamer::to_device`]; `f`'s error stops the transfer and is returned.
+    pub fn for_each_chunk(
+        &self,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        chunk: usize,
+        mut f: impl FnMut(&Stream, &DeviceBuffer<u8>, u64, usize) -> Result<()>,
+    ) -> Result<Report> {
+        let len = check_range(file, &range)?;
+        if chunk == 0 {
+            return Err(Error::invalid("Streamer::for_each_chunk", "chunk must be > 0"));
+        }
+        let (_owner, mut st) = self.enter("Streamer::for_each_chunk")?;
+        let mut verifier = self.verifier(&mut st, len)?;
+        let mut ok = true;
+        let pool: ChunkPool = Mutex::new(self.devices.iter().map(|_| Vec::new()).collect());
+        let sink = ChunkSink {
+            start: range.start,
+            end: range.end,
+            chunk: chunk as u64,
+            devices: self.devices.clone(),
+            pool: &pool,
+            partial: HashMap::new(),
+        };
+        let bytes = file.as_bytes();
+        let streams = &self.streams;
+        let (mut report, _) = self.run(&mut st, file, range, sink, |c: Chunk| {
+            let stream = streams.get(c.stream).ok_or_else(|| Error::invalid("for_each_chunk", "no stream"))?;
+            if let Some(v) = &mut verifier {
+                let expected = &bytes[c.off as usize..c.off as usize + c.len];
+                ok &= v.check(stream, &c.buf, 0, expected)?;
+            }
+            let res = f(stream, &c.buf, c.off, c.len);
+            if let Some(p) = lock(&pool).get_mut(c.stream) {
+                p.push(c.buf);
+            }
+            res
+        })?;
+        if verifier.is_some() {
+            report.verified = Some(ok);
+        }
+        Ok(report)
+    }
+
+    // ------------------------------------------------------------ internals
+
+    fn enter(&self, what: &'static str) -> Result<(Owner<'_>, MutexGuard<'_, State>)> {
+        let me = std::thread::current().id();
+        if *lock(&self.owner) == Some(me) {
+            return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
+        }
+        let st = lock(&self.state);
+        *lock(&self.owner) = Some(me);
+        Ok((Owner(&self.owner, me), st))
+    }
+
+    fn stream_of(&self, d: Device) -> Result<usize> {
+        self.devices.iter().position(|x| *x == d).ok_or_else(|| {
+            Error::invalid(
+                "Streamer",
+                format!("the buffer is on device {}, which this streamer does not use", d.ordinal()),
+            )
+        })
+    }
+
+    fn opts(&self) -> PinOptions {
+        PinOptions { mlock: self.config.mlock, portable: self.portable }
+    }
+
+    /// Pinned bytes a plan may use: what the budget has left plus what the
+    /// streamer keeps (it would give those back), within the mlock headroom.
+    fn usable(&self, kept: u64) -> u64 {
+        let mut avail = self.config.budget.available().saturating_add(kept);
+        if self.config.mlock
+            && let Some(h) = crate::memlock::memlock_headroom()
+        {
+            avail = avail.min(h);
+        }
+        avail
+    }
+
+    /// Gives back cached registrations (least recently used first) and then
+    /// the ring until `need` bytes are available, keeping what is asked.
+    fn make_room(&self, st: &mut State, need: u64, keep_ring: bool, keep_cache: Option<usize>) {
+        let budget = &self.config.budget;
+        let mut i = 0;
+        while budget.available() < need && i < st.cache.len() {
+            if Some(i) == keep_cache {
+                i += 1;
+                continue;
+            }
+            drop(st.cache.remove(i));
+        }
+        if budget.available() < need && !keep_ring {
+            st.ring = None;
+        }
+    }
+
+    fn verifier(&self, st: &mut State, len: u64) -> Result<Option<Verifier>> {
+        if !self.config.verify {
+            return Ok(None);
+        }
+        let bytes = align_up(len.clamp(1, VERIFY_BOUNCE), page_size());
+        self.make_room(st, bytes, false, None);
+        Ok(Some(Verifier::new(&self.config.budget, bytes as usize)?))
+    }
+
+    fn pick(&self, st: &State, file: &Arc<MappedFile>, range: &Range<u64>) -> Result<Strategy> {
+        let strategy = self.config.strategy.normalized()?;
+        if strategy != Strategy::Auto {
+            return Ok(strategy);
+        }
+        if cached(st, file, range, self.portable).is_some() {
+            return Ok(Strategy::WholeFile);
+        }
+        let len = range.end - range.start;
+        let avail = self.usable(kept(st));
+        let cold = len > avail && {
+            let resident = file.resident_bytes(range.clone()).unwrap_or(len);
+            resident < len / 2
+        };
+        plan(len, avail, cpus(), cold).ok_or(Error::BudgetExceeded {
+            requested: 2 * (64 << 10),
+            available: avail,
+            limit: self.config.budget.limit(),
+        })
+    }
+
+    fn ring_for(&self, st: &mut State, slots: usize, slot: usize) -> Result<PinnedRing> {
+        if let Some(r) = &st.ring
+            && r.slots() == slots
+            && r.slot_bytes() == slot
+        {
+            return Ok(r.clone());
+        }
+        st.ring = None;
+        self.make_room(st, slots as u64 * slot as u64, true, None);
+        let ring = PinnedRing::new(slots, slot, &self.config.budget)?;
+        st.ring = Some(ring.clone());
+        Ok(ring)
+    }
+
+    /// The cached registration for `range`, made (whole file if it fits) when missing.
+    fn whole(&self, st: &mut State, file: &Arc<MappedFile>, range: &Range<u64>, regs: &AtomicU64) -> Result<usize> {
+        if let Some(i) = cached(st, file, range, self.portable) {
+            let r = st.cache.remove(i);
+            st.cache.push(r);
+            return Ok(st.cache.len() - 1);
+        }
+        let page = page_size();
+        let pages = |r: &Range<u64>| align_up(r.end, page) - align_down(r.start, page);
+        let all = 0..file.len();
+        let whole_file = pages(&all) <= self.usable(kept(st));
+        let target = if whole_file { all } else { range.clone() };
+        self.make_room(st, pages(&target), false, None);
+        self.device_for_registration()?;
+        let (reg, fresh) = match PinnedRange::create(file, target, self.opts(), &self.config.budget) {
+            // A range of the file is registered elsewhere: register just what is asked.
+            Err(Error::Overlap { .. }) if whole_file => {
+                PinnedRange::create(file, range.clone(), self.opts(), &self.config.budget)?
+            }
+            r => r?,
+        };
+        if fresh {
+            regs.fetch_add(1, Ordering::Relaxed);
+        }
+        st.cache.push(reg);
+        Ok(st.cache.len() - 1)
+    }
+
+    /// Registrations belong to the calling thread's current device unless portable.
+    fn device_for_registration(&self) -> Result<()> {
+        if !self.portable {
+            self.devices[0].make_current()?;
+        }
+        Ok(())
+    }
+
+    /// The transfer itself: plan, prepare, run the agents, drain, report.
+    fn run<S: Sink>(
+        &self,
+        st: &mut State,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        sink: S,
+        mut on_msg: impl FnMut(S::Msg) -> Result<()>,
+    ) -> Result<(Report, S)> {
+        let len = range.end - range.start;
+        let strategy = self.pick(st, file, &range)?;
+        let budget = &self.config.budget;
+        let watch = budget.watch();
+        let (t0, cpu0) = (Instant::now(), process_cpu_seconds());
+        let registrations = AtomicU64::new(0);
+        if len == 0 {
+            let report = Report {
+                strategy,
+                bytes: 0,
+                seconds: 0.0,
+                cpu_seconds: 0.0,
+                peak_pinned: watch.peak(),
+                registrations: 0,
+                verified: sink.verified(),
+            };
+            return Ok((report, sink));
+        }
+
+        // Prepare what the strategy pins, within the budget, before any copy;
+        // refuse at once (allocating nothing) what cannot fit even after giving
+        // back what the streamer keeps.
+        let need = |s: Strategy| s.pinned_bytes(len).unwrap_or(0);
+        let held = match (strategy, &st.ring) {
+            (Strategy::WholeFile, _) => cached(st, file, &range, self.portable).is_some(),
+            (Strategy::Ring { slots, slot, .. } | Strategy::Direct { slots, slot, .. }, Some(r)) => {
+                r.slots() == slots && r.slot_bytes() == slot
+            }
+            _ => false,
+        };
+        let usable = budget.available().saturating_add(kept(st));
+        if !held && need(strategy) > usable {
+            return Err(Error::BudgetExceeded { requested: need(strategy), available: usable, limit: budget.limit() });
+        }
+        let mut whole_idx = None;
+        let mut ring = None;
+        let mut direct_file = None;
+        match strategy {
+            Strategy::Auto => return Err(Error::invalid("Streamer", "Auto was not resolved")),
+            Strategy::WholeFile => whole_idx = Some(self.whole(st, file, &range, &registrations)?),
+            Strategy::Windows { .. } => {
+                self.make_room(st, need(strategy), false, None);
+                check_budget(budget, need(strategy))?;
+            }
+            Strategy::Ring { slots, slot, .. } => ring = Some(self.ring_for(st, slots, slot)?),
+            Strategy::Hybrid { window, slot, threads } => {
+                let r = self.ring_for(st, threads * HYBRID_SLOTS_PER_THREAD, slot)?;
+                let w = align_up(window as u64, page_size()) * HYBRID_IN_FLIGHT as u64;
+                self.make_room(st, w, true, None);
+                check_budget(budget, w)?;
+                ring = Some(r);
+            }
+            Strategy::Direct { slots, slot, .. } => {
+                direct_file = Some(file.open_direct()?);
+                let r = self.ring_for(st, slots, slot)?;
+                ring = Some(r);
+            }
+        }
+        let whole = whole_idx.and_then(|i| st.cache.get(i));
+
+        let ctx = Ctx {
+            file,
+            streams: &self.streams,
+            opts: self.opts(),
+            portable: self.portable,
+            device0: self.devices[0],
+            budget,
+            abort: AtomicBool::new(false),
+            error: Mutex::new(None),
+            registrations,
+            done: AtomicU64::new(0),
+            total: len,
+            progress: self.config.progress.as_deref(),
+        };
+        let claims = Claims::new(range.clone());
+        let sink = Mutex::new(sink);
+        let depth = 2 * self.streams.len() + 2;
+
+        std::thread::scope(|s| {
+            let (tx, rx) = sync_channel::<S::Msg>(depth);
+            let mut handles = Vec::new();
+            let windows = match strategy {
+                Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
+                Strategy::Windows { window, in_flight } => {
+                    Some(WindowSrc::Register { window: window as u64, in_flight })
+                }
+                Strategy::Hybrid { window, .. } => {
+                    Some(WindowSrc::Register { window: window as u64, in_flight: HYBRID_IN_FLIGHT })
+                }
+                _ => None,
+            };
+            if let Some(src) = windows {
+                let (ctx, claims, sink, tx) = (&ctx, &claims, &sink, tx.clone());
+                handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
+            }
+            let ring_threads = match strategy {
+                Strategy::Ring { slot, threads, .. } => Some((threads, slot as u64, false)),
+                Strategy::Hybrid { slot, threads, .. } => Some((threads, slot as u64, true)),
+                Strategy::Direct { slot, threads, .. } => Some((threads, slot as u64, false)),
+                _ => None,
+            };
+            if let (Some((threads, slot, from_back)), Some(ring)) = (ring_threads, ring.as_ref()) {
+                let fill = match &direct_file {
+                    Some(f) => Fill::Direct(f),
+                    None => Fill::Read,
+                };
+                for _ in 0..threads {
+                    let (ctx, claims, sink, tx) = (&ctx, &claims, &sink, tx.clone());
+                    handles.push(s.spawn(move || {
+                        ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, sink, &tx));
+                    }));
+                }
+            }
+            drop(tx);
+            for msg in rx.iter() {
+                if let Err(e) = on_msg(msg) {
+                    ctx.fail(e);
+                    break;
+                }
+            }
+            drop(rx); // senders blocked on a full channel now fail and stop
+            for h in handles {
+                if let Err(p) = h.join() {
+                    let message = p
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    ctx.fail(Error::WorkerPanicked { message });
+                }
+            }
+        });
+
+        // Every agent is done: wait for what is still in flight.
+        if let Some(r) = &ring {
+            match r.drain() {
+                Ok(n) => ctx.progress(n),
+                Err(e) => ctx.fail(e),
+            }
+        }
+        for (stream, ev) in self.streams.iter().zip(&self.done_events) {
+            // Waits on an event (sleeping, not spinning); if that fails, the
+            // stream itself is synchronized so nothing stays in flight, and the
+            // first error is still reported.
+            if let Err(e) = stream.record(ev).and_then(|()| ev.synchronize()) {
+                ctx.fail(e.into());
+                if let Err(e) = stream.synchronize() {
+                    ctx.fail(e.into());
+                }
+            }
+        }
+        let seconds = t0.elapsed().as_secs_f64();
+        let cpu_seconds = (process_cpu_seconds() - cpu0).max(0.0);
+        if let Some(e) = lock(&ctx.error).take() {
+            return Err(e);
+        }
+        let sink = sink.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let report = Report {
+            strategy,
+            bytes: len,
+            seconds,
+            cpu_seconds,
+            peak_pinned: watch.peak(),
+            registrations: ctx.registrations.load(Ordering::Relaxed),
+            verified: sink.verified(),
+        };
+        Ok((report, sink))
+    }
+}
+
+fn kept(st: &State) -> u64 {
+    let cache: u64 =
+        st.cache.iter().filter(|r| r.sharers() == 1).map(|r| r.pinned_pages().end - r.pinned_pages().start).sum();
+    cache + st.ring.as_ref().map_or(0, |r| r.slots() as u64 * r.slot_bytes() as u64)
+}
+
+fn cached(st: &State, file: &Arc<MappedFile>, range: &Range<u64>, portable: bool) -> Option<usize> {
+    st.cache.iter().position(|c| {
+        Arc::ptr_eq(c.file(), file)
+            && c.range().start <= range.start
+            && range.end <= c.range().end
+            && (c.is_portable() || !portable)
+    })
+}
+
+fn check_range(file: &MappedFile, range: &Range<u64>) -> Result<u64> {
+    if range.start > range.end || range.end > file.len() {
+        return Err(Error::BadRange {
+            range: range.clone(),
+            len: file.len(),
+            reason: if range.start > range.end {
+                "the range is reversed"
+            } else {
+                "the range runs past the end of the file"
+            },
+        });
+    }
+    Ok(range.end - range.start)
+}
+
+fn check_budget(budget: &PinBudget, need: u64) -> Result<()> {
+    let available = budget.available();
+    if need > available {
+        return Err(Error::BudgetExceeded { requested: need, available, limit: budget.limit() });
+    }
+    Ok(())
+}
+
+/// What the agents of one transfer share.
+struct Ctx<'a> {
+    file: &'a Arc<MappedFile>,
+    streams: &'a [Stream],
+    opts: PinOptions,
+    portable: bool,
+    device0: Device,
+    budget: &'a PinBudget,
+    abort: AtomicBool,
+    error: Mutex<Option<Error>>,
+    registrations: AtomicU64,
+    done: AtomicU64,
+    total: u64,
+    progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,
+}
+
+impl Ctx<'_> {
+    /// Records the first error and tells every agent to stop.
+    fn fail(&self, e: Error) {
+        lock(&self.error).get_or_insert(e);
+        self.abort.store(true, Ordering::Release);
+    }
+
+    fn outcome(&self, r: Result<()>) {
+        if let Err(e) = r {
+            self.fail(e);
+        }
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
+    }
+
+    fn progress(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let done = self.done.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if let Some(p) = self.progress {
+            p(done.min(self.total), self.total);
+        }
+    }
+}
+
+/// The part of the range not claimed yet: the window agent takes from the
+/// front, hybrid ring agents from the back. Claims end on multiples of their
+/// size (absolute file offsets), so windows never share a page and direct
+/// reads stay aligned.
+struct Claims {
+    cursor: Mutex<Range<u64>>,
+}
+
+impl Claims {
+    fn new(range: Range<u64>) -> Claims {
+        Claims { cursor: Mutex::new(range) }
+    }
+
+    fn front(&self, size: u64) -> Option<Range<u64>> {
+        let mut c = lock(&self.cursor);
+        if c.start >= c.end {
+            return None;
+        }
+        let end = ((c.start / size).saturating_add(1)).saturating_mul(size).min(c.end);
+        let r = c.start..end;
+        c.start = end;
+        Some(r)
+    }
+
+    fn back(&self, size: u64) -> Option<Range<u64>> {
+        let mut c = lock(&self.cursor);
+        if c.start >= c.end {
+            return None;
+        }
+        let start = ((c.end - 1) / size * size).max(c.start);
+        let r = start..c.end;
+        c.end = start;
+        Some(r)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum WindowSrc<'a> {
+    /// Register each window, `in_flight` at once.
+    Register { window: u64, in_flight: usize },
+    /// Pieces of a registration made beforehand (cached whole file).
+    Whole { reg: &'a PinnedRange },
+}
+
+struct InFlightWindow {
+    reg: Option<PinnedRange>,
+    set: usize,
+    mask: u64,
+    len: u64,
+}
+
+/// Claims windows from the front, pins them (or takes them from the cached
+/// registration), enqueues their copies, and retires each once its events
+/// completed: register window i+1 while window i copies.
+fn window_agent<S: Sink>(
+    ctx: &Ctx<'_>,
+    claims: &Claims,
+    src: WindowSrc<'_>,
+    sink: &Mutex<S>,
+    tx: &SyncSender<S::Msg>,
+) -> Result<()> {
+    let (size, in_flight) = match src {
+        WindowSrc::Register { window, in_flight } => (window, in_flight.max(1)),
+        WindowSrc::Whole { .. } => (PIECE, PIECE_IN_FLIGHT),
+    };
+    let mut events: Vec<Vec<Option<Event>>> =
+        (0..in_flight).map(|_| ctx.streams.iter().map(|_| None).collect()).collect();
+    let mut queue: VecDeque<InFlightWindow> = VecDeque::with_capacity(in_flight);
+    let mut next_set = 0;
+    let mut out = Vec::new();
+
+    let retire = |w: InFlightWindow, events: &[Vec<Option<Event>>]| -> Result<()> {
+        let mut res = Ok(());
+        for (i, ev) in events[w.set].iter().enumerate() {
+            if w.mask & (1 << i) != 0
+                && let Some(ev) = ev
+                && let Err(e) = ev.synchronize()
+            {
+                res = res.and(Err(e.into()));
+            }
+        }
+        if res.is_ok() {
+            ctx.progress(w.len);
+        }
+        // Unregister now, reporting errors (it waits on the fence if an event failed).
+        if let Some(reg) = w.reg {
+            res = res.and(reg.release());
+        }
+        res
+    };
+
+    let result = (|| -> Result<()> {
+        while !ctx.aborted() {
+            let Some(r) = claims.front(size) else { break };
+            if queue.len() >= in_flight {
+                // `cudaHostUnregister` waits for every copy in flight on the
+                // device (measured on the H200), so retiring one window per new
+                // window would drain the queue each time. Registered windows
+                // are retired all at once when they fill the budget: one drain
+                // per batch. Pieces of a cached registration (nothing to
+                // unregister) retire one at a time.
+                let batch = if matches!(src, WindowSrc::Register { .. }) { queue.len() } else { 1 };
+                for _ in 0..batch {
+                    if let Some(w) = queue.pop_front() {
+                        retire(w, &events)?;
+                    }
+                }
+            }
+            let len = r.end - r.start;
+            let own;
+            let part = match src {
+                WindowSrc::Register { .. } => {
+                    if !ctx.portable {
+                        ctx.device0.make_current()?;
+                    }
+                    let (reg, fresh) = PinnedRange::create(ctx.file, r.clone(), ctx.opts, ctx.budget)?;
+                    if fresh {
+                        ctx.registrations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    own = Some(reg);
+                    match &own {
+                        Some(reg) => RangePart { range: reg, base: 0 },
+                        None => return Err(Error::invalid("window", "no registration")),
+                    }
+                }
+                WindowSrc::Whole { reg } => {
+                    own = None;
+                    RangePart { range: reg, base: (r.start - reg.range().start) as usize }
+                }
+            };
+            let put = {
+                let mut s = lock(sink);
+                let mask = s.streams_for(r.start, len);
+                s.put(ctx.streams, &part, r.start, len as usize, &mut out).map(|()| mask)
+            };
+            let mask = match &put {
+                Ok(m) => *m,
+                Err(_) => u64::MAX >> (64 - ctx.streams.len()), // cover whatever was enqueued
+            };
+            let set = next_set;
+            next_set = (next_set + 1) % in_flight;
+            let mut recorded = 0;
+            let mut rec_err = None;
+            for (i, stream) in ctx.streams.iter().enumerate() {
+                if mask & (1 << i) == 0 {
+                    continue;
+                }
+                let slot = &mut events[set][i];
+                if slot.is_none() {
+                    match Event::new(&stream.device(), EventOptions { timing: false, blocking_sync: true }) {
+                        Ok(e) => *slot = Some(e),
+                        Err(e) => {
+                            rec_err.get_or_insert(e);
+                            continue;
+                        }
+                    }
+                }
+                if let Some(ev) = slot {
+                    match stream.record(ev) {
+                        Ok(()) => recorded |= 1 << i,
+                        Err(e) => {
+                            rec_err.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+            queue.push_back(InFlightWindow { reg: own, set, mask: recorded, len });
+            put?;
+            if let Some(e) = rec_err {
+                return Err(e.into());
+            }
+            for m in out.drain(..) {
+                if tx.send(m).is_err() {
+                    return Ok(()); // the caller stopped
+                }
+            }
+        }
+        Ok(())
+    })();
+
+    let mut res = result;
+    while let Some(w) = queue.pop_front() {
+        let r = retire(w, &events);
+        res = res.and(r);
+    }
+    res
+}
+
+#[derive(Clone, Copy)]
+enum Fill<'a> {
+    /// `pread` from the mapped file's descriptor (page cache).
+    Read,
+    /// `pread` from an `O_DIRECT` descriptor into aligned slots.
+    Direct(&'a File),
+}
+
+/// Claims slot-sized parts, reads each into a free ring slot and copies it.
+#[allow(clippy::too_many_arguments)]
+fn ring_agent<S: Sink>(
+    ctx: &Ctx<'_>,
+    claims: &Claims,
+    ring: &PinnedRing,
+    fill: Fill<'_>,
+    slot_size: u64,
+    from_back: bool,
+    sink: &Mutex<S>,
+    tx: &SyncSender<S::Msg>,
+) -> Result<()> {
+    let mut out = Vec::new();
+    while !ctx.aborted() {
+        let claimed = if from_back { claims.back(slot_size) } else { claims.front(slot_size) };
+        let Some(r) = claimed else { break };
+        let len = (r.end - r.start) as usize;
+        let slot = ring.acquire()?;
+        ctx.progress(slot.completed_bytes());
+        let full = match fill {
+            Fill::Read => slot.read_from(ctx.file, r.start, len)?,
+            Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone())?,
+        };
+        let mask = lock(sink).streams_for(r.start, len as u64);
+        let streams = mask_streams(mask, ctx.streams);
+        let in_flight = full.submit(&streams, |src| lock(sink).put(ctx.streams, src, r.start, len, &mut out))?;
+        drop(in_flight); // back to the ring, free again once its copies completed
+        for m in out.drain(..) {
+            if tx.send(m).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads bytes `r` with `O_DIRECT`: the aligned pages around them, into the
+/// slot, then marks the wanted bytes.
+fn direct_read(mut slot: FreeSlot, f: &File, file: &MappedFile, r: Range<u64>) -> Result<FullSlot> {
+    let a0 = align_down(r.start, DIRECT_ALIGN);
+    let need = (r.end - a0) as usize;
+    let want = align_up(need as u64, DIRECT_ALIGN) as usize;
+    let buf = slot.as_mut_slice()?;
+    if buf.as_ptr() as usize % DIRECT_ALIGN as usize != 0 || want > buf.len() {
+        return Err(Error::invalid("direct read", "the slot is not aligned or too small for O_DIRECT"));
+    }
+    let mut got = 0usize;
+    while got < need {
+        match f.read_at(&mut buf[got..want], a0 + got as u64) {
+            Ok(0) => {
+                return Err(Error::FileChanged {
+                    path: file.path().to_path_buf(),
+                    message: format!("it ended before byte {}", r.end),
+                });
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                return Err(Error::DirectUnsupported { path: file.path().to_path_buf(), source: e });
+            }
+            Err(e) => return Err(Error::io("pread(O_DIRECT)", file.path(), e)),
+        }
+        if got % DIRECT_ALIGN as usize != 0 && got < need {
+            // A short read in the middle of the file: continue from an aligned offset.
+            got = align_down(got as u64, DIRECT_ALIGN) as usize;
+        }
+    }
+    slot.fill((r.start - a0) as usize..need)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_meet_in_the_middle_on_boundaries() {
+        let c = Claims::new(100..10_000);
+        assert_eq!(c.front(4096), Some(100..4096));
+        assert_eq!(c.back(1000), Some(9000..10_000));
+        assert_eq!(c.back(1000), Some(8000..9000));
+        assert_eq!(c.front(4096), Some(4096..8000));
+        assert_eq!(c.front(4096), None);
+        assert_eq!(c.back(1000), None);
+    }
+
+    #[test]
+    fn claims_cover_everything_once() {
+        let c = Claims::new(7..1_000_003);
+        let mut parts = Vec::new();
+        let mut flip = false;
+        loop {
+            flip = !flip;
+            let r = if flip { c.front(65536) } else { c.back(10_000) };
+            match r {
+                Some(r) => parts.push(r),
+                None => break,
+            }
+        }
+        parts.sort_by_key(|r| r.start);
+        assert_eq!(parts[0].start, 7);
+        for w in parts.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+        assert_eq!(parts.last().map(|r| r.end), Some(1_000_003));
+    }
+}

@@ -1,0 +1,101 @@
+//! pinned-mem: read-only shared mappings of files.
+
+use integration_tests::{TempDir, start, write_pattern_file};
+use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange};
+
+#[test]
+fn maps_a_file_with_its_exact_bytes() {
+    let t = start();
+    let dir = TempDir::new("pm-map");
+    let path = dir.join("data.bin");
+    let data = write_pattern_file(&path, 1, (3 << 20) + 12345);
+    let f = MappedFile::open(&path).unwrap();
+    assert_eq!(f.len(), data.len() as u64);
+    assert_eq!(f.path(), path.as_path());
+    assert_eq!(f.as_bytes(), &data[..]);
+    assert!(f.resident_bytes(0..f.len()).unwrap() <= f.len());
+    #[allow(clippy::reversed_empty_ranges)] // on purpose
+    let reversed = 10..5;
+    assert!(f.resident_bytes(reversed).is_err());
+    assert!(matches!(f.resident_bytes(0..f.len() + 1), Err(Error::BadRange { .. })));
+    f.drop_page_cache().unwrap();
+    assert_eq!(f.as_bytes(), &data[..], "the data is fetched back after dropping the page cache");
+    t.assert_clean();
+}
+
+#[test]
+fn one_byte_file() {
+    let t = start();
+    let dir = TempDir::new("pm-map");
+    let path = dir.join("one.bin");
+    std::fs::write(&path, [42u8]).unwrap();
+    let f = MappedFile::open(&path).unwrap();
+    assert_eq!((f.len(), f.as_bytes()), (1, &[42u8][..]));
+    t.assert_clean();
+}
+
+#[test]
+fn refuses_empty_files_directories_devices_and_missing_files() {
+    let t = start();
+    let dir = TempDir::new("pm-map");
+    let empty = dir.join("empty.bin");
+    std::fs::write(&empty, []).unwrap();
+    match MappedFile::open(&empty) {
+        Err(e @ Error::EmptyFile { .. }) => assert!(e.to_string().contains("empty"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match MappedFile::open(dir.path()) {
+        Err(e @ Error::NotAFile { kind: "directory", .. }) => assert!(e.to_string().contains("directory"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    if std::path::Path::new("/dev/null").exists() {
+        assert!(matches!(MappedFile::open("/dev/null"), Err(Error::NotAFile { kind: "character device", .. })));
+    }
+    match MappedFile::open(dir.join("missing.bin")) {
+        Err(Error::Io { op: "open", path, source }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            assert!(path.ends_with("missing.bin"));
+        }
+        other => panic!("{other:?}"),
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn a_registration_keeps_the_mapping_alive() {
+    let t = start();
+    let dir = TempDir::new("pm-map");
+    let path = dir.join("data.bin");
+    let data = write_pattern_file(&path, 2, 100_000);
+    let f = MappedFile::open(&path).unwrap();
+    let budget = PinBudget::unlimited();
+    let r = PinnedRange::new(&f, 10..90_000, PinOptions::default(), &budget).unwrap();
+    drop(f); // the range holds the mapping
+    assert_eq!(r.as_bytes(), &data[10..90_000]);
+    assert_eq!(r.file().as_bytes(), &data[..]);
+    drop(r);
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+#[test]
+fn the_mapping_is_shared_and_read_only() {
+    let t = start();
+    let dir = TempDir::new("pm-map");
+    let path = dir.join("data.bin");
+    write_pattern_file(&path, 3, 8192);
+    let f = MappedFile::open(&path).unwrap();
+    let addr = f.as_bytes().as_ptr() as usize;
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let line = maps
+        .lines()
+        .find(|l| {
+            let mut it = l.split(['-', ' ']);
+            let a = usize::from_str_radix(it.next().unwrap_or(""), 16).unwrap_or(0);
+            a == addr
+        })
+        .expect("the mapping is in /proc/self/maps");
+    let perms = line.split_whitespace().nth(1).unwrap();
+    assert_eq!(perms, "r--s", "PROT_READ + MAP_SHARED, never private or writable: {line}");
+    t.assert_clean();
+}

@@ -1,0 +1,312 @@
+//! pinned-mem: byte ranges of mapped files registered in place.
+
+use std::sync::Arc;
+
+use cuda_safe::{Device, DeviceBuffer, Stream};
+use integration_tests::{Ctx, TempDir, start, write_pattern_file};
+use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange};
+
+const PAGE: u64 = 4096;
+
+fn file(dir: &TempDir, seed: u64, len: usize) -> (Arc<MappedFile>, Vec<u8>) {
+    let path = dir.join(&format!("f{seed}.bin"));
+    let data = write_pattern_file(&path, seed, len);
+    (MappedFile::open(&path).unwrap(), data)
+}
+
+/// Copies the range to the device and back, asynchronously from the registration.
+fn round_trip(r: &PinnedRange) -> Vec<u8> {
+    let dev = Device::get(0).unwrap();
+    let stream = Stream::new(&dev).unwrap();
+    let mut d = DeviceBuffer::<u8>::new(&dev, r.len() as usize).unwrap();
+    stream.copy_to_device(&r.source(), &mut d).unwrap().wait().unwrap();
+    d.to_vec().unwrap()
+}
+
+fn registrations(t: &Ctx) -> Option<(u64, u64)> {
+    t.counters().map(|c| (c.registrations, c.registered_bytes))
+}
+
+fn vm_lck_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[test]
+fn unaligned_range_is_rounded_out_and_exact() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, data) = file(&dir, 1, (2 << 20) + 3333);
+    let budget = PinBudget::new(64 << 20);
+    let range = 1000..(1 << 20) + 777;
+    let r = PinnedRange::new(&f, range.clone(), PinOptions::default(), &budget).unwrap();
+    assert_eq!(r.range(), range);
+    assert_eq!(r.len(), range.end - range.start);
+    assert_eq!(r.source().len() as u64, r.len());
+    assert_eq!(r.as_bytes(), &data[range.start as usize..range.end as usize]);
+    let pages = r.pinned_pages();
+    assert_eq!((pages.start % PAGE, pages.end % PAGE), (0, 0));
+    assert!(pages.start <= range.start && range.end <= pages.end && pages.end - pages.start < r.len() + 2 * PAGE);
+    assert_eq!(budget.used(), pages.end - pages.start, "the pages are drawn from the budget");
+    if let Some((n, bytes)) = registrations(&t) {
+        assert_eq!((n, bytes), (1, pages.end - pages.start));
+    }
+    assert_eq!(round_trip(&r), &data[range.start as usize..range.end as usize]);
+    assert_eq!(r.slice(5..10).unwrap().len(), 5);
+    assert!(r.slice(0..r.len() as usize + 1).is_err());
+    r.release().unwrap();
+    assert_eq!(budget.used(), 0);
+    assert_eq!(budget.peak(), pages.end - pages.start);
+    t.assert_clean();
+}
+
+#[test]
+fn whole_file_with_a_partial_last_page() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, data) = file(&dir, 2, 3 * PAGE as usize + 5);
+    let budget = PinBudget::unlimited();
+    let r = PinnedRange::new(&f, 0..f.len(), PinOptions { portable: true, mlock: false }, &budget).unwrap();
+    assert!(r.is_portable());
+    assert_eq!(r.pinned_pages(), 0..4 * PAGE);
+    assert_eq!(round_trip(&r), data);
+    drop(r);
+    t.assert_clean();
+}
+
+#[test]
+#[allow(clippy::reversed_empty_ranges)] // on purpose
+fn refuses_empty_reversed_and_past_the_end_ranges() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, _) = file(&dir, 3, 10_000);
+    let budget = PinBudget::unlimited();
+    let opts = PinOptions::default();
+    for (range, why) in
+        [(5..5, "empty"), (9..3, "empty"), (0..10_001, "past the end"), (20_000..20_001, "past the end")]
+    {
+        match PinnedRange::new(&f, range.clone(), opts, &budget) {
+            Err(e @ Error::BadRange { .. }) => assert!(e.to_string().contains(why), "{range:?}: {e}"),
+            other => panic!("{range:?}: {other:?}"),
+        }
+    }
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+#[test]
+fn ranges_inside_a_registration_share_it() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, data) = file(&dir, 4, 64 * PAGE as usize);
+    let budget = PinBudget::unlimited();
+    let opts = PinOptions::default();
+    let outer = PinnedRange::new(&f, 100..40_000, opts, &budget).unwrap();
+    let used = budget.used();
+    let inner = PinnedRange::new(&f, 5000..6000, opts, &budget).unwrap();
+    assert_eq!((outer.sharers(), inner.sharers()), (2, 2));
+    assert_eq!(inner.pinned_pages(), outer.pinned_pages());
+    assert_eq!(budget.used(), used, "sharing draws nothing more");
+    if let Some((n, _)) = registrations(&t) {
+        assert_eq!(n, 1, "one registration for both");
+    }
+    drop(outer); // the registration lives on for `inner`
+    assert_eq!(inner.sharers(), 1);
+    assert_eq!(round_trip(&inner), &data[5000..6000]);
+    drop(inner);
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+#[test]
+fn partial_overlaps_are_refused_clearly() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, data) = file(&dir, 5, 64 * PAGE as usize);
+    let budget = PinBudget::unlimited();
+    let opts = PinOptions::default();
+    let a = PinnedRange::new(&f, 0..5000, opts, &budget).unwrap();
+    // 5000..10000 starts in a's last page (4096..8192): CUDA would refuse it.
+    match PinnedRange::new(&f, 5000..10_000, opts, &budget) {
+        Err(e @ Error::Overlap { .. }) => {
+            let s = e.to_string();
+            assert!(s.contains("5000..10000") && s.contains("0..8192"), "{s}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A larger range containing `a` cannot share it either.
+    assert!(matches!(PinnedRange::new(&f, 0..f.len(), opts, &budget), Err(Error::Overlap { .. })));
+    // Inside but asking for portable while `a` is not: refused, not silently downgraded.
+    assert!(matches!(
+        PinnedRange::new(&f, 10..20, PinOptions { portable: true, ..opts }, &budget),
+        Err(Error::Overlap { .. })
+    ));
+    // Disjoint pages are fine.
+    let b = PinnedRange::new(&f, 8192..10_000, opts, &budget).unwrap();
+    assert_eq!(round_trip(&b), &data[8192..10_000]);
+    drop(a);
+    // Once `a` is gone its pages are free again.
+    let c = PinnedRange::new(&f, 5000..8000, opts, &budget).unwrap();
+    assert_eq!(c.sharers(), 1);
+    drop((b, c));
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+#[test]
+fn separate_mappings_of_one_file_register_independently() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f1, data) = file(&dir, 6, 10 * PAGE as usize);
+    let f2 = MappedFile::open(f1.path()).unwrap();
+    let budget = PinBudget::unlimited();
+    let a = PinnedRange::new(&f1, 0..f1.len(), PinOptions::default(), &budget).unwrap();
+    let b = PinnedRange::new(&f2, 0..f2.len(), PinOptions::default(), &budget).unwrap();
+    assert_eq!(round_trip(&a), data);
+    assert_eq!(round_trip(&b), data);
+    drop((a, b));
+    t.assert_clean();
+}
+
+#[test]
+fn budget_exceeded_is_typed_and_leaves_nothing() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, _) = file(&dir, 7, 1 << 20);
+    let budget = PinBudget::new(256 << 10);
+    let _held = budget.reserve(100 << 10).unwrap();
+    match PinnedRange::new(&f, 0..f.len(), PinOptions::default(), &budget) {
+        Err(e @ Error::BudgetExceeded { requested, available, limit }) => {
+            assert_eq!((requested, available, limit), (1 << 20, 156 << 10, 256 << 10));
+            assert!(e.to_string().contains("pin budget"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(budget.used(), 100 << 10);
+    if let Some((n, _)) = registrations(&t) {
+        assert_eq!(n, 0);
+    }
+    // A range that fits is fine.
+    let r = PinnedRange::new(&f, 0..100_000, PinOptions::default(), &budget).unwrap();
+    drop(r);
+    t.assert_clean();
+}
+
+#[test]
+fn mlock_on_and_off() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, data) = file(&dir, 8, 16 * PAGE as usize);
+    let budget = PinBudget::unlimited();
+    let before = vm_lck_kb();
+    let off = PinnedRange::new(&f, 0..8 * PAGE, PinOptions::default(), &budget).unwrap();
+    assert!(!off.is_mlocked());
+    match PinnedRange::new(&f, 8 * PAGE..16 * PAGE, PinOptions { mlock: true, portable: false }, &budget) {
+        Ok(on) => {
+            assert!(on.is_mlocked());
+            assert!(vm_lck_kb() >= before + 32, "8 pages locked");
+            assert_eq!(round_trip(&on), &data[8 * PAGE as usize..]);
+            drop(on);
+            assert_eq!(vm_lck_kb(), before, "munlock when it ends");
+        }
+        // Without CAP_IPC_LOCK and a low limit: the typed error.
+        Err(Error::MemlockLimit { requested, .. }) => assert_eq!(requested, 8 * PAGE),
+        Err(e) => panic!("{e}"),
+    }
+    drop(off);
+    t.assert_clean();
+}
+
+const MEMLOCK_CHILD: &str = "PINNED_MEM_MEMLOCK_CHILD";
+
+#[test]
+fn memlock_limit_too_low_is_a_typed_error() {
+    let t = start();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "memlock_child", "--nocapture", "--test-threads=1"])
+        .env(MEMLOCK_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("MEMLOCK-CHILD-OK"), "the child did not run its checks:\n{stdout}\n{stderr}");
+    t.assert_clean();
+}
+
+/// Linux capability header and data (version 3).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Drops CAP_IPC_LOCK from this thread (root in CI has it, which exempts mlock from the limit).
+fn drop_cap_ipc_lock() {
+    let mut h = CapHeader { version: 0x2008_0522, pid: 0 };
+    let mut d = [CapData::default(); 2];
+    // SAFETY: valid header and two data structs, as capget(2) version 3 wants.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut CapHeader, d.as_mut_ptr()) };
+    assert_eq!(rc, 0, "capget");
+    d[0].effective &= !(1 << 14);
+    d[0].permitted &= !(1 << 14);
+    d[0].inheritable &= !(1 << 14);
+    // SAFETY: as above; this only lowers the calling thread's capabilities.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut CapHeader, d.as_ptr()) };
+    assert_eq!(rc, 0, "capset: {}", std::io::Error::last_os_error());
+}
+
+/// Runs only in the child process started above.
+#[test]
+fn memlock_child() {
+    if std::env::var_os(MEMLOCK_CHILD).is_none() {
+        return;
+    }
+    let t = start();
+    let limit = 64u64 << 10;
+    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `cur` is a valid rlimit to fill.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut cur) }, 0);
+    let new = libc::rlimit { rlim_cur: limit, rlim_max: cur.rlim_max };
+    // SAFETY: lowering our own soft limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &new) }, 0);
+    drop_cap_ipc_lock();
+    assert_eq!(pinned_mem::memlock_limit(), Some(limit));
+
+    let dir = TempDir::new("pm-memlock");
+    let (f, data) = file(&dir, 9, 1 << 20);
+    let budget = PinBudget::unlimited();
+    match PinnedRange::new(&f, 0..f.len(), PinOptions { mlock: true, portable: false }, &budget) {
+        Err(e @ Error::MemlockLimit { .. }) => {
+            let Error::MemlockLimit { limit: l, requested, .. } = &e else { unreachable!() };
+            assert_eq!((*l, *requested), (limit, 1 << 20));
+            let s = e.to_string();
+            for needle in ["64 KiB", "1 MiB", "ulimit -l", "CAP_IPC_LOCK", "smaller windows"] {
+                assert!(s.contains(needle), "{needle:?} missing from: {s}");
+            }
+        }
+        other => panic!("expected MemlockLimit, got {other:?}"),
+    }
+    assert_eq!(budget.used(), 0, "nothing drawn on error");
+    t.assert_clean();
+    // Within the limit it works; without mlock the limit does not apply.
+    let small = PinnedRange::new(&f, 0..4 * PAGE, PinOptions { mlock: true, portable: false }, &budget).unwrap();
+    assert!(small.is_mlocked());
+    drop(small);
+    let r = PinnedRange::new(&f, 0..f.len(), PinOptions::default(), &budget).unwrap();
+    assert_eq!(round_trip(&r), data);
+    drop(r);
+    t.assert_clean();
+    println!("MEMLOCK-CHILD-OK");
+}

@@ -1,0 +1,241 @@
+//! pinned-mem: the pinned ring and its slot state machine.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use cuda_safe::{Device, DeviceBuffer, Stream};
+use integration_tests::{TempDir, pattern, start, write_pattern_file};
+use pinned_mem::{Error, MappedFile, PinBudget, PinnedRing};
+
+fn host_allocs(t: &integration_tests::Ctx) -> Option<u64> {
+    t.emulated().then(|| t.emu().call_count("cudaHostAlloc").unwrap())
+}
+
+#[test]
+fn many_cycles_reuse_the_slots_without_allocating() {
+    let t = start();
+    {
+        t.set_delay_us(200); // copies finish well after they are enqueued
+        let dev = Device::get(0).unwrap();
+        let stream = Stream::new(&dev).unwrap();
+        let (slot, cycles) = (64 << 10, 40);
+        let data = pattern(11, slot * cycles - 777);
+        let budget = PinBudget::new(1 << 20);
+        let allocs0 = host_allocs(&t);
+        let ring = PinnedRing::new(3, slot, &budget).unwrap();
+        let allocs1 = host_allocs(&t);
+        assert_eq!(budget.used(), 3 * slot as u64);
+        let mut dst = DeviceBuffer::<u8>::new(&dev, data.len()).unwrap();
+        for (i, part) in data.chunks(slot).enumerate() {
+            let full = ring.acquire().unwrap().copy_from(part).unwrap();
+            let mut d = dst.slice_mut(i * slot..i * slot + part.len()).unwrap();
+            drop(full.copy_to_device(&stream, &mut d).unwrap());
+            assert!(ring.free_slots() + ring.in_flight_slots() <= 3);
+        }
+        let done = ring.drain().unwrap();
+        assert!(done > 0 && done <= 3 * slot as u64, "the last copies, reported once: {done}");
+        assert_eq!(ring.in_flight_slots(), 0);
+        assert_eq!(ring.free_slots(), 3);
+        assert_eq!(dst.to_vec().unwrap(), data);
+        assert_eq!(ring.allocations(), 3);
+        if let (Some(a0), Some(a1)) = (allocs0, allocs1) {
+            assert_eq!(a1 - a0, 3, "one cudaHostAlloc per slot at start-up");
+            assert_eq!(host_allocs(&t), Some(a1), "no allocation after start-up");
+        }
+        drop(ring);
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn a_slot_is_free_again_only_after_its_copy_completed() {
+    let t = start();
+    {
+        let dev = Device::get(0).unwrap();
+        let stream = Stream::new(&dev).unwrap();
+        let ring = PinnedRing::new(1, 1 << 20, &PinBudget::unlimited()).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, 1 << 20).unwrap();
+        if t.emulated() {
+            t.set_delay_us(50_000); // 50 ms per operation
+        }
+        let copied0 = t.counters().map(|c| c.bytes_copied);
+        let first = pattern(12, 1 << 20);
+        let in_flight = ring.acquire().unwrap().copy_from(&first).unwrap().copy_to_device(&stream, &mut dst).unwrap();
+        if t.emulated() {
+            assert!(!in_flight.is_complete().unwrap(), "50 ms later at the earliest");
+        }
+        assert!(ring.try_acquire().unwrap().is_none(), "the only slot is in flight, not returned");
+        drop(in_flight); // back to the ring's in-flight queue
+        let mut again = ring.acquire().unwrap(); // waits for the copy's event
+        if let Some(c0) = copied0 {
+            assert!(t.counters().unwrap().bytes_copied >= c0 + (1 << 20), "the copy had completed");
+        }
+        assert_eq!(again.completed_bytes(), 1 << 20);
+        again.as_mut_slice().unwrap().fill(0xAB); // overwriting it cannot change what was copied
+        drop(again);
+        assert_eq!(dst.to_vec().unwrap(), first);
+        drop(ring);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn wait_try_and_timeout() {
+    let t = start();
+    {
+        let dev = Device::get(0).unwrap();
+        let stream = Stream::new(&dev).unwrap();
+        let ring = PinnedRing::new(2, 4096, &PinBudget::unlimited()).unwrap();
+        let a = ring.acquire().unwrap();
+        let b = ring.try_acquire().unwrap().expect("a second slot");
+        assert_ne!(a.index(), b.index());
+        assert!(ring.try_acquire().unwrap().is_none());
+        assert!(ring.acquire_timeout(Duration::from_millis(5)).unwrap().is_none());
+        drop(a);
+        assert!(ring.acquire_timeout(Duration::from_secs(5)).unwrap().is_some());
+        let mut dst = DeviceBuffer::<u8>::new(&dev, 5).unwrap();
+        let full = b.copy_from(b"hello").unwrap();
+        assert_eq!(full.data().unwrap(), b"hello");
+        let free = full.copy_to_device(&stream, &mut dst).unwrap().wait().unwrap();
+        assert_eq!(free.completed_bytes(), 5);
+        assert_eq!(dst.to_vec().unwrap(), b"hello");
+        drop(free);
+        assert_eq!(ring.free_slots(), 2);
+        drop(ring);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn producer_threads_fill_from_a_file_mapping_and_closure() {
+    let t = start();
+    {
+        t.set_delay_us(100);
+        let dev = Device::get(0).unwrap();
+        let stream = Stream::new(&dev).unwrap();
+        let dir = TempDir::new("pm-ring");
+        let path = dir.join("data.bin");
+        let data = write_pattern_file(&path, 13, (1 << 20) + 4321);
+        let file = MappedFile::open(&path).unwrap();
+        let slot = 32 << 10;
+        let ring = PinnedRing::new(4, slot, &PinBudget::new(1 << 20)).unwrap();
+        let dst = Mutex::new(DeviceBuffer::<u8>::new(&dev, data.len()).unwrap());
+        let next = Mutex::new(0usize);
+        std::thread::scope(|s| {
+            for k in 0..3 {
+                let (ring, file, dst, next, stream, data) = (&ring, &file, &dst, &next, &stream, &data);
+                s.spawn(move || {
+                    loop {
+                        let off = {
+                            let mut n = next.lock().unwrap();
+                            let o = *n;
+                            *n += slot;
+                            o
+                        };
+                        if off >= data.len() {
+                            break;
+                        }
+                        let len = slot.min(data.len() - off);
+                        let free = ring.acquire().unwrap();
+                        let full = match k {
+                            0 => free.read_from(file, off as u64, len).unwrap(),
+                            1 => free.copy_from(&file.as_bytes()[off..off + len]).unwrap(),
+                            _ => free
+                                .fill_with(|b| {
+                                    b[..len].copy_from_slice(&data[off..off + len]);
+                                    Ok(len)
+                                })
+                                .unwrap(),
+                        };
+                        let mut dst = dst.lock().unwrap();
+                        let mut d = dst.slice_mut(off..off + len).unwrap();
+                        drop(full.copy_to_device(stream, &mut d).unwrap());
+                    }
+                });
+            }
+        });
+        ring.drain().unwrap();
+        assert_eq!(dst.lock().unwrap().to_vec().unwrap(), data);
+        assert_eq!(ring.allocations(), 4);
+        drop(ring);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn submit_to_two_destinations() {
+    let t = start();
+    {
+        let dev = Device::get(0).unwrap();
+        let (s1, s2) = (Stream::new(&dev).unwrap(), Stream::new(&dev).unwrap());
+        let ring = PinnedRing::new(1, 8192, &PinBudget::unlimited()).unwrap();
+        let (mut a, mut b) =
+            (DeviceBuffer::<u8>::new(&dev, 8000).unwrap(), DeviceBuffer::<u8>::new(&dev, 3000).unwrap());
+        let data = pattern(14, 8000);
+        let full = ring.acquire().unwrap().copy_from(&data).unwrap();
+        let in_flight = full
+            .submit(&[&s1, &s2], |src| {
+                s1.copy_to_device(&src.all()?, &mut a)?.detach();
+                s2.copy_to_device(&src.slice(5000..8000)?, &mut b)?.detach();
+                Ok(())
+            })
+            .unwrap();
+        in_flight.wait().unwrap();
+        assert_eq!(a.to_vec().unwrap(), data);
+        assert_eq!(b.to_vec().unwrap(), &data[5000..]);
+        drop(ring);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn errors_return_the_slot_to_the_ring() {
+    let t = start();
+    {
+        let dev = Device::get(0).unwrap();
+        let stream = Stream::new(&dev).unwrap();
+        let dir = TempDir::new("pm-ring");
+        let path = dir.join("small.bin");
+        write_pattern_file(&path, 15, 1000);
+        let file = MappedFile::open(&path).unwrap();
+        let ring = PinnedRing::new(2, 4096, &PinBudget::unlimited()).unwrap();
+        assert!(matches!(ring.acquire().unwrap().read_from(&file, 500, 1000), Err(Error::FileChanged { .. })));
+        assert!(matches!(ring.acquire().unwrap().copy_from(&[0; 5000]), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(ring.acquire().unwrap().fill(10..4097), Err(Error::InvalidArgument { .. })));
+        let mut short = DeviceBuffer::<u8>::new(&dev, 10).unwrap();
+        let e = ring.acquire().unwrap().copy_from(&[1; 20]).unwrap().copy_to_device(&stream, &mut short).unwrap_err();
+        assert!(matches!(e, Error::Cuda(cuda_safe::Error::InvalidArgument { .. })), "{e}");
+        ring.drain().unwrap();
+        assert_eq!(ring.free_slots(), 2, "every slot came back");
+        drop(ring);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn sizes_and_budget_are_checked() {
+    let t = start();
+    {
+        assert!(matches!(PinnedRing::new(0, 4096, &PinBudget::unlimited()), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(PinnedRing::new(4, 0, &PinBudget::unlimited()), Err(Error::InvalidArgument { .. })));
+        let budget = PinBudget::new(1 << 20);
+        let allocs = host_allocs(&t);
+        match PinnedRing::new(5, 256 << 10, &budget) {
+            Err(Error::BudgetExceeded { requested, available, limit }) => {
+                assert_eq!((requested, available, limit), (5 * (256 << 10), 1 << 20, 1 << 20));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(host_allocs(&t), allocs, "refused before allocating");
+        assert_eq!(budget.used(), 0);
+        let ring = PinnedRing::new(4, 256 << 10, &budget).unwrap();
+        assert_eq!(budget.available(), 0);
+        let clone = ring.clone();
+        drop(ring);
+        assert_eq!(budget.used(), 1 << 20, "the clone keeps it");
+        drop(clone);
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
+}

@@ -1,0 +1,680 @@
+//! pinned-mem: streaming files to the GPU with every strategy.
+//!
+//! Files are a few MiB with unaligned lengths; strategies use small windows
+//! and slots so every transfer has many of them. The same tests run on the
+//! emulator and on a real GPU: no timing is asserted.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cuda_safe::{Device, DeviceBuffer};
+use integration_tests::{Ctx, pattern, start};
+use pinned_mem::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
+
+const LEN: usize = (3 << 20) + 12345;
+
+/// A temporary folder on a file system that takes `O_DIRECT` when there is one
+/// (the target folder usually is on disk; /tmp may be tmpfs).
+struct DiskDir(PathBuf);
+
+impl DiskDir {
+    fn new(tag: &str) -> DiskDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let name = format!("pm-{tag}-{}-{n}", std::process::id());
+        let mut candidates = vec![PathBuf::from(env!("CARGO_TARGET_TMPDIR"))];
+        if let Ok(cwd) = std::env::current_dir() {
+            candidates.push(cwd.join("target").join("tmp"));
+        }
+        candidates.push(std::env::temp_dir());
+        for base in &candidates {
+            let p = base.join(&name);
+            if std::fs::create_dir_all(&p).is_ok() && direct_works(&p) {
+                return DiskDir(p);
+            }
+            let _ = std::fs::remove_dir_all(&p);
+        }
+        let p = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&p).unwrap();
+        DiskDir(p)
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for DiskDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn direct_works(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = dir.join("probe");
+    let ok = std::fs::write(&p, [0u8; 4096]).is_ok()
+        && std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&p).is_ok();
+    let _ = std::fs::remove_file(&p);
+    ok
+}
+
+/// Aborts the process if a test hangs (the suite must never hang on an error path).
+struct Watchdog(Arc<AtomicBool>);
+
+impl Watchdog {
+    fn new(secs: u64) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        std::thread::spawn(move || {
+            for _ in 0..secs * 10 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if d.load(Ordering::Acquire) {
+                    return;
+                }
+            }
+            eprintln!("test {name} hung for {secs} s");
+            std::process::abort();
+        });
+        Watchdog(done)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+fn data_file(dir: &DiskDir, seed: u64, len: usize) -> (Arc<MappedFile>, Vec<u8>) {
+    let path = dir.join(&format!("data-{seed}.bin"));
+    let data = pattern(seed, len);
+    std::fs::write(&path, &data).unwrap();
+    (MappedFile::open(&path).unwrap(), data)
+}
+
+/// Every strategy, with windows and slots small enough to make many of them.
+fn strategies() -> Vec<Strategy> {
+    vec![
+        Strategy::WholeFile,
+        Strategy::Windows { window: 256 << 10, in_flight: 3 },
+        Strategy::Windows { window: 300_000, in_flight: 1 },
+        Strategy::Ring { slots: 4, slot: (128 << 10) + 13, threads: 3 },
+        Strategy::Ring { slots: 1, slot: 1 << 20, threads: 2 },
+        Strategy::Hybrid { window: 512 << 10, slot: 64 << 10, threads: 2 },
+        Strategy::Direct { slots: 4, slot: 256 << 10, threads: 2 },
+    ]
+}
+
+fn streamer(strategy: Strategy, budget: &PinBudget) -> Streamer {
+    let dev = Device::get(0).unwrap();
+    Streamer::new(&[dev], StreamConfig::new(strategy, budget.clone())).unwrap()
+}
+
+/// Runs `f`, treating a file system without O_DIRECT as a pass for Direct.
+fn direct_ok<T>(strategy: Strategy, r: pinned_mem::Result<T>) -> Option<T> {
+    match r {
+        Err(Error::DirectUnsupported { .. }) if matches!(strategy, Strategy::Direct { .. }) => {
+            eprintln!("O_DIRECT is not supported here: {strategy} skipped");
+            None
+        }
+        r => Some(r.unwrap_or_else(|e| panic!("{strategy}: {e}"))),
+    }
+}
+
+fn check_report(r: &Report, strategy: Strategy, bytes: u64, budget: &PinBudget) {
+    assert_eq!(r.bytes, bytes);
+    if strategy != Strategy::Auto {
+        assert_eq!(r.strategy.to_string().split(' ').next(), strategy.to_string().split(' ').next());
+    }
+    assert!(r.seconds >= 0.0 && r.cpu_seconds >= 0.0 && r.gbps() >= 0.0);
+    assert!(r.peak_pinned <= budget.limit(), "{r}");
+    assert!(r.to_string().starts_with(&r.strategy.to_string()));
+}
+
+#[test]
+fn every_strategy_moves_a_file_exactly() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("stream");
+    let (file, data) = data_file(&dir, 1, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    for (i, strategy) in strategies().into_iter().enumerate() {
+        t.set_delay_us(if i % 2 == 0 { 0 } else { 100 });
+        let s = streamer(strategy, &budget);
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        let Some(r) = direct_ok(strategy, s.to_device(&file, 0..LEN as u64, &mut dst)) else { continue };
+        check_report(&r, strategy, LEN as u64, &budget);
+        assert!(dst.to_vec().unwrap() == data, "{strategy}: data differs");
+        match strategy {
+            Strategy::WholeFile => assert_eq!(r.registrations, 1),
+            Strategy::Windows { .. } => assert!(r.registrations >= 10, "{r}"),
+            Strategy::Ring { .. } | Strategy::Direct { .. } => assert_eq!(r.registrations, 0),
+            _ => {}
+        }
+        // An unaligned part of the file into a smaller buffer.
+        let part = 4097u64..(LEN as u64 - 5555);
+        let mut small = DeviceBuffer::<u8>::new(&dev, (part.end - part.start) as usize).unwrap();
+        let r = s.to_device(&file, part.clone(), &mut small).unwrap();
+        check_report(&r, strategy, part.end - part.start, &budget);
+        assert!(small.to_vec().unwrap() == data[part.start as usize..part.end as usize], "{strategy}: part differs");
+        drop((s, dst, small));
+        assert_eq!(budget.used(), 0, "{strategy}: everything given back");
+        t.assert_clean();
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn auto_picks_from_the_budget() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("auto");
+    let len = (12 << 20) + 777;
+    let (file, data) = data_file(&dir, 2, len);
+    let dev = Device::get(0).unwrap();
+    type Expect = fn(&Strategy) -> bool;
+    let cases: [(u64, Expect); 3] = [
+        (64 << 20, |s| *s == Strategy::WholeFile),
+        (9 << 20, |s| matches!(s, Strategy::Ring { .. })), // windows this small would be slower
+        (1 << 20, |s| matches!(s, Strategy::Ring { .. })),
+    ];
+    for (limit, expect) in cases {
+        let budget = PinBudget::new(limit);
+        let s = streamer(Strategy::Auto, &budget);
+        let resolved = s.resolve(len as u64);
+        assert!(expect(&resolved), "budget {limit}: {resolved}");
+        let mut dst = DeviceBuffer::<u8>::new(&dev, len).unwrap();
+        let r = s.to_device(&file, 0..len as u64, &mut dst).unwrap();
+        assert_eq!(r.strategy, resolved, "a page-cached file gets what resolve() says");
+        check_report(&r, Strategy::Auto, len as u64, &budget);
+        assert!(r.peak_pinned <= limit);
+        assert!(dst.to_vec().unwrap() == data, "{resolved}: data differs");
+        drop((s, dst));
+        assert_eq!(budget.used(), 0);
+    }
+    // Nothing fits: a clear error, nothing left.
+    let budget = PinBudget::new(10 << 10);
+    let s = streamer(Strategy::Auto, &budget);
+    let mut dst = DeviceBuffer::<u8>::new(&dev, len).unwrap();
+    assert!(matches!(s.to_device(&file, 0..len as u64, &mut dst), Err(Error::BudgetExceeded { .. })));
+    drop((s, dst));
+    t.assert_clean();
+}
+
+#[test]
+fn to_devices_with_one_device() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("devs");
+    let (file, data) = data_file(&dir, 3, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    for strategy in strategies() {
+        let s = streamer(strategy, &budget);
+        let mut dsts = vec![DeviceBuffer::<u8>::new(&dev, LEN).unwrap()];
+        let Some(r) = direct_ok(strategy, s.to_devices(&file, 0..LEN as u64, &mut dsts)) else { continue };
+        assert_eq!(r.bytes, LEN as u64);
+        assert!(dsts[0].to_vec().unwrap() == data, "{strategy}");
+        drop((s, dsts));
+    }
+    t.assert_clean();
+}
+
+const TWO_DEVICES_CHILD: &str = "PINNED_MEM_TWO_DEVICES_CHILD";
+
+fn two_devices(t: &Ctx) {
+    let _w = Watchdog::new(120);
+    let devices = Device::all().unwrap();
+    assert!(devices.len() >= 2, "{} devices", devices.len());
+    let devices = &devices[..2];
+    let dir = DiskDir::new("two");
+    let (file, data) = data_file(&dir, 4, LEN);
+    let budget = PinBudget::new(16 << 20);
+    for strategy in strategies() {
+        let cfg = StreamConfig::new(strategy, budget.clone());
+        let s = Streamer::new(devices, cfg).unwrap();
+        let mut dsts: Vec<_> = devices.iter().map(|d| DeviceBuffer::<u8>::new(d, LEN).unwrap()).collect();
+        let Some(r) = direct_ok(strategy, s.to_devices(&file, 0..LEN as u64, &mut dsts)) else { continue };
+        assert_eq!(r.bytes, 2 * LEN as u64);
+        for (d, dst) in dsts.iter().enumerate() {
+            assert_eq!(dst.device(), devices[d]);
+            assert!(dst.to_vec().unwrap() == data, "{strategy}: device {d} differs");
+        }
+        // One buffer on the second device only.
+        let mut one = DeviceBuffer::<u8>::new(&devices[1], 1000).unwrap();
+        s.to_device(&file, 5..1005, &mut one).unwrap();
+        assert_eq!(one.to_vec().unwrap(), &data[5..1005]);
+        // Chunks alternate between the devices.
+        let seen = Mutex::new(Vec::new());
+        s.for_each_chunk(&file, 0..LEN as u64, 300_000, |stream, chunk, off, len| {
+            let k = off / 300_000;
+            assert_eq!(stream.device(), devices[(k % 2) as usize]);
+            assert_eq!(chunk.device(), stream.device());
+            let v = chunk.to_vec()?;
+            assert!(v[..len] == data[off as usize..off as usize + len]);
+            seen.lock().unwrap().push(off);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen.lock().unwrap().len(), LEN.div_ceil(300_000));
+        drop((s, dsts, one));
+        assert_eq!(budget.used(), 0);
+        t.assert_clean();
+    }
+}
+
+#[test]
+fn to_devices_with_two_devices() {
+    let t = start();
+    if !t.emulated() {
+        if Device::count().unwrap() >= 2 {
+            two_devices(&t);
+        } else {
+            eprintln!("one GPU: the two-device case runs on the emulator in CI");
+        }
+        t.assert_clean();
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "two_devices_child", "--nocapture", "--test-threads=1"])
+        .env(TWO_DEVICES_CHILD, "1")
+        .env("CUDA_EMU_DEVICES", "2")
+        .output()
+        .unwrap();
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child failed:\n{so}\n{se}");
+    assert!(so.contains("TWO-DEVICES-OK"), "the child did not run:\n{so}\n{se}");
+    t.assert_clean();
+}
+
+/// Runs only in the child started above (emulator with two devices).
+#[test]
+fn two_devices_child() {
+    if std::env::var_os(TWO_DEVICES_CHILD).is_none() {
+        return;
+    }
+    let t = start();
+    two_devices(&t);
+    t.assert_clean();
+    println!("TWO-DEVICES-OK");
+}
+
+/// What `scratch` holds after bytes `range` of `data` were written around it in order.
+fn wrapped(data: &[u8], range: Range<usize>, size: usize) -> Vec<u8> {
+    let mut v = vec![0u8; size];
+    for (i, b) in data[range].iter().enumerate() {
+        v[i % size] = *b;
+    }
+    v
+}
+
+#[test]
+fn to_scratch_writes_around() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("scratch");
+    let (file, data) = data_file(&dir, 5, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    let size = (1 << 20) + 1;
+    for strategy in strategies() {
+        let mut cfg = StreamConfig::new(strategy, budget.clone());
+        // Ring strategies enqueue from several threads, so the final contents
+        // are not determined: check each part as it is written instead.
+        let in_order = matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. });
+        cfg.verify = !in_order;
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut scratch = DeviceBuffer::<u8>::zeroed(&dev, size).unwrap();
+        let range = 3usize..LEN - 7;
+        let Some(r) = direct_ok(strategy, s.to_scratch(&file, range.start as u64..range.end as u64, &mut scratch))
+        else {
+            continue;
+        };
+        assert_eq!(r.bytes, range.len() as u64);
+        if in_order {
+            assert_eq!(r.verified, None);
+            assert!(scratch.to_vec().unwrap() == wrapped(&data, range, size), "{strategy}");
+        } else {
+            assert_eq!(r.verified, Some(true), "{strategy}");
+        }
+        // A range smaller than the scratch buffer lands at its start.
+        let r = s.to_scratch(&file, 100..200, &mut scratch).unwrap();
+        assert_eq!(r.bytes, 100);
+        assert_eq!(&scratch.to_vec().unwrap()[..100], &data[100..200]);
+        drop((s, scratch));
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn for_each_chunk_hands_every_chunk_once() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("chunks");
+    let (file, data) = data_file(&dir, 6, LEN);
+    let budget = PinBudget::new(16 << 20);
+    for strategy in strategies() {
+        let s = streamer(strategy, &budget);
+        let range = 1000u64..LEN as u64 - 1;
+        let chunk = 100_003usize;
+        let mut seen: Vec<(u64, usize)> = Vec::new();
+        let res = s.for_each_chunk(&file, range.clone(), chunk, |stream, buf, off, len| {
+            assert_eq!(stream.device(), s.devices()[0]);
+            assert_eq!(buf.len(), chunk.min((range.end - range.start) as usize));
+            let v = buf.to_vec()?;
+            assert!(v[..len] == data[off as usize..off as usize + len], "{strategy}: chunk at {off} differs");
+            seen.push((off, len));
+            Ok(())
+        });
+        let Some(r) = direct_ok(strategy, res) else { continue };
+        assert_eq!(r.bytes, range.end - range.start);
+        if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. }) {
+            assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "{strategy}: in file order");
+        }
+        seen.sort();
+        let mut at = range.start;
+        for (off, len) in &seen {
+            assert_eq!(*off, at, "{strategy}: every chunk once, in place");
+            assert!(*len == chunk || *off + *len as u64 == range.end);
+            at += *len as u64;
+        }
+        assert_eq!(at, range.end);
+        drop(s);
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn a_callback_error_stops_the_transfer() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("cberr");
+    let (file, _) = data_file(&dir, 7, LEN);
+    let budget = PinBudget::new(16 << 20);
+    for strategy in strategies() {
+        let s = streamer(strategy, &budget);
+        let mut calls = 0;
+        let res = s.for_each_chunk(&file, 0..LEN as u64, 65536, |_, _, _, _| {
+            calls += 1;
+            if calls == 3 { Err(Error::InvalidArgument { what: "test", message: "stop".into() }) } else { Ok(()) }
+        });
+        match res {
+            Err(Error::InvalidArgument { what: "test", .. }) => assert_eq!(calls, 3),
+            Err(Error::DirectUnsupported { .. }) => {}
+            other => panic!("{strategy}: {other:?}"),
+        }
+        drop(s);
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn reentrant_calls_are_refused() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("reent");
+    let (file, _) = data_file(&dir, 8, 1 << 20);
+    let budget = PinBudget::new(16 << 20);
+    let s = streamer(Strategy::WholeFile, &budget);
+    let dev = Device::get(0).unwrap();
+    let mut inner = None;
+    s.for_each_chunk(&file, 0..1 << 20, 1 << 19, |_, _, _, _| {
+        let mut dst = DeviceBuffer::<u8>::new(&dev, 10)?;
+        inner = Some(s.to_device(&file, 0..10, &mut dst).map(|_| ()));
+        Ok(())
+    })
+    .unwrap();
+    assert!(matches!(inner, Some(Err(Error::InvalidArgument { .. }))), "{inner:?}");
+    drop(s);
+    t.assert_clean();
+}
+
+#[test]
+fn verify_mode_confirms_and_detects_changes() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("verify");
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    for strategy in strategies() {
+        let (file, _) = data_file(&dir, 9, LEN);
+        let mut cfg = StreamConfig::new(strategy, budget.clone());
+        cfg.verify = true;
+        let s = Streamer::new(&[dev], cfg.clone()).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        let Some(r) = direct_ok(strategy, s.to_device(&file, 0..LEN as u64, &mut dst)) else { continue };
+        assert_eq!(r.verified, Some(true), "{strategy}");
+        let r = s.for_each_chunk(&file, 0..LEN as u64, 1 << 20, |_, _, _, _| Ok(())).unwrap();
+        assert_eq!(r.verified, Some(true), "{strategy}");
+        drop(s);
+
+        // The file changes after its first bytes reached the device: the copy
+        // back differs from the file, and verification says so.
+        let writer = std::fs::OpenOptions::new().write(true).open(file.path()).unwrap();
+        let changed = Arc::new(AtomicBool::new(false));
+        let c = changed.clone();
+        cfg.progress = Some(Arc::new(move |_, _| {
+            if !c.swap(true, Ordering::AcqRel) {
+                use std::os::unix::fs::FileExt;
+                writer.write_all_at(&[0x55; 16], 0).unwrap();
+                writer.write_all_at(&[0xAA; 16], 16).unwrap();
+            }
+        }));
+        // Windows and pieces are claimed in order, so byte 0 is copied first.
+        if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. }) {
+            let s = Streamer::new(&[dev], cfg).unwrap();
+            let r = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+            assert!(changed.load(Ordering::Acquire));
+            assert_eq!(r.verified, Some(false), "{strategy}: a change after the copy is detected");
+            drop(s);
+        }
+        drop(dst);
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn progress_reports_every_byte() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("progress");
+    let (file, _) = data_file(&dir, 10, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    for strategy in strategies() {
+        let calls = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
+        let c = calls.clone();
+        let mut cfg = StreamConfig::new(strategy, budget.clone());
+        cfg.progress = Some(Arc::new(move |done, total| c.lock().unwrap().push((done, total))));
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        if direct_ok(strategy, s.to_device(&file, 0..LEN as u64, &mut dst)).is_none() {
+            continue;
+        }
+        let calls = calls.lock().unwrap();
+        assert!(!calls.is_empty(), "{strategy}: {calls:?}");
+        assert!(calls.iter().all(|&(_, total)| total == LEN as u64));
+        let mut sorted: Vec<u64> = calls.iter().map(|c| c.0).collect();
+        sorted.sort();
+        assert_eq!(sorted.last(), Some(&(LEN as u64)), "{strategy}: all bytes reported");
+        sorted.dedup();
+        assert_eq!(sorted.len(), calls.len(), "{strategy}: done only grows");
+        drop((s, dst));
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn a_second_pass_reuses_the_registration() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("reuse");
+    let (file, data) = data_file(&dir, 11, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    let registers = || t.emulated().then(|| t.emu().call_count("cudaHostRegister").unwrap());
+    for strategy in [Strategy::WholeFile, Strategy::Auto] {
+        let s = streamer(strategy, &budget);
+        let before = registers();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        let r1 = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+        assert_eq!((r1.strategy, r1.registrations), (Strategy::WholeFile, 1));
+        let r2 = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+        assert_eq!((r2.strategy, r2.registrations), (Strategy::WholeFile, 0), "the second pass registers nothing");
+        // A part of the file is served by the same registration.
+        let mut part = DeviceBuffer::<u8>::new(&dev, 1000).unwrap();
+        let r3 = s.to_device(&file, 777..1777, &mut part).unwrap();
+        assert_eq!(r3.registrations, 0);
+        assert_eq!(part.to_vec().unwrap(), &data[777..1777]);
+        if let (Some(b), Some(a)) = (before, registers()) {
+            assert_eq!(a - b, 1, "one cudaHostRegister for three passes");
+        }
+        assert!(s.kept_pinned_bytes() >= LEN as u64);
+        assert_eq!(budget.used(), s.kept_pinned_bytes());
+        assert!(dst.to_vec().unwrap() == data);
+        s.release_pins().unwrap();
+        assert_eq!((budget.used(), s.kept_pinned_bytes()), (0, 0));
+        drop((s, dst, part));
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn cached_pins_make_room_for_other_work() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("room");
+    let (a, da) = data_file(&dir, 12, 5 << 20);
+    let (b, db) = data_file(&dir, 13, 5 << 20);
+    let budget = PinBudget::new(8 << 20);
+    let dev = Device::get(0).unwrap();
+    let s = streamer(Strategy::WholeFile, &budget);
+    let mut dst = DeviceBuffer::<u8>::new(&dev, 5 << 20).unwrap();
+    s.to_device(&a, 0..5 << 20, &mut dst).unwrap();
+    assert!(dst.to_vec().unwrap() == da);
+    // `a`'s cached registration is given back to make room for `b`.
+    let r = s.to_device(&b, 0..5 << 20, &mut dst).unwrap();
+    assert_eq!(r.registrations, 1);
+    assert!(dst.to_vec().unwrap() == db);
+    assert!(budget.used() <= 8 << 20);
+    drop((s, dst));
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+#[test]
+fn budget_errors_are_clean() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("budget");
+    let (file, _) = data_file(&dir, 14, LEN);
+    let budget = PinBudget::new(2 << 20);
+    let dev = Device::get(0).unwrap();
+    for strategy in [
+        Strategy::WholeFile,
+        Strategy::Windows { window: 1 << 20, in_flight: 3 },
+        Strategy::Ring { slots: 3, slot: 1 << 20, threads: 1 },
+        Strategy::Hybrid { window: 1 << 20, slot: 1 << 20, threads: 1 },
+        Strategy::Direct { slots: 4, slot: 1 << 20, threads: 1 },
+    ] {
+        let s = streamer(strategy, &budget);
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        match s.to_device(&file, 0..LEN as u64, &mut dst) {
+            Err(Error::BudgetExceeded { limit, .. }) => assert_eq!(limit, 2 << 20),
+            Err(Error::DirectUnsupported { .. }) if matches!(strategy, Strategy::Direct { .. }) => {}
+            other => panic!("{strategy}: {other:?}"),
+        }
+        assert_eq!(budget.used(), 0, "{strategy}");
+        drop((s, dst));
+        t.assert_clean();
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn argument_errors() {
+    let t = start();
+    let dir = DiskDir::new("args");
+    let (file, _) = data_file(&dir, 15, 10_000);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    let cfg = || StreamConfig::new(Strategy::Auto, budget.clone());
+    assert!(matches!(Streamer::new(&[], cfg()), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(Streamer::new(&[dev, dev], cfg()), Err(Error::InvalidArgument { .. })));
+    let bad = StreamConfig::new(Strategy::Ring { slots: 0, slot: 1, threads: 1 }, budget.clone());
+    assert!(matches!(Streamer::new(&[dev], bad), Err(Error::InvalidArgument { .. })));
+    let s = Streamer::new(&[dev], cfg()).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev, 100).unwrap();
+    assert!(matches!(s.to_device(&file, 9_950..10_050, &mut dst), Err(Error::BadRange { .. })));
+    assert!(matches!(s.to_device(&file, 0..99, &mut dst), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(s.to_devices(&file, 0..100, &mut []), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(s.for_each_chunk(&file, 0..100, 0, |_, _, _, _| Ok(())), Err(Error::InvalidArgument { .. })));
+    let mut empty = DeviceBuffer::<u8>::new(&dev, 0).unwrap();
+    assert!(matches!(s.to_scratch(&file, 0..100, &mut empty), Err(Error::InvalidArgument { .. })));
+    let r = s.to_device(&file, 500..500, &mut empty).unwrap();
+    assert_eq!((r.bytes, r.registrations), (0, 0));
+    drop((s, dst, empty));
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+#[test]
+fn mlock_while_streaming() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("mlock");
+    let (file, data) = data_file(&dir, 16, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    for strategy in [Strategy::WholeFile, Strategy::Windows { window: 512 << 10, in_flight: 2 }] {
+        let mut cfg = StreamConfig::new(strategy, budget.clone());
+        cfg.mlock = true;
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        match s.to_device(&file, 0..LEN as u64, &mut dst) {
+            Ok(_) => assert!(dst.to_vec().unwrap() == data),
+            Err(Error::MemlockLimit { .. }) => {}
+            Err(e) => panic!("{strategy}: {e}"),
+        }
+        drop((s, dst));
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn direct_is_refused_clearly_without_o_direct() {
+    let t = start();
+    // tmpfs refuses O_DIRECT; /dev/shm is tmpfs on most Linux machines.
+    let shm = Path::new("/dev/shm");
+    let dir = shm.join(format!("pm-direct-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() || direct_works(&dir) {
+        let _ = std::fs::remove_dir_all(&dir);
+        eprintln!("no file system without O_DIRECT here: skipped");
+        t.assert_clean();
+        return;
+    }
+    let path = dir.join("data.bin");
+    std::fs::write(&path, pattern(17, 100_000)).unwrap();
+    let file = MappedFile::open(&path).unwrap();
+    let budget = PinBudget::new(16 << 20);
+    let s = streamer(Strategy::Direct { slots: 2, slot: 64 << 10, threads: 1 }, &budget);
+    let dev = Device::get(0).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev, 100_000).unwrap();
+    match s.to_device(&file, 0..100_000, &mut dst) {
+        Err(e @ Error::DirectUnsupported { .. }) => assert!(e.to_string().contains("O_DIRECT"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    drop((s, dst, file));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
