@@ -9,7 +9,7 @@
 //!   By default the runtime library is **loaded at run time** with `dlopen`, so
 //!   this crate builds, tests and documents on a machine without CUDA; see
 //!   [`runtime`] for the search order. The `link` feature links `libcudart` at
-//!   build time instead ([`Runtime::linked`]).
+//!   build time instead (`Runtime::linked`, with that feature).
 //! * The `emulator` feature builds a host-only stand-in for `libcudart`
 //!   ([`emulator`]) that the loader can load by path.
 //!
