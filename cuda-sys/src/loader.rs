@@ -252,9 +252,9 @@ pub fn set_runtime_path(path: impl Into<String>) -> Result<(), LoadError> {
 }
 
 /// The process-wide runtime, loaded on first use from (in order) the path given
-/// to [`set_runtime_path`], the [`RUNTIME_PATH_ENV`] variable, then
-/// `libcudart.so.13`, `libcudart.so.12` and `libcudart.so`. The outcome of the
-/// first attempt is kept.
+/// to [`set_runtime_path`], the [`RUNTIME_PATH_ENV`] variable, then (feature
+/// `link`) the library linked at build time, else `libcudart.so.13`,
+/// `libcudart.so.12` and `libcudart.so`. The outcome of the first attempt is kept.
 ///
 /// # Errors
 /// The [`LoadError`] of that first attempt.
@@ -262,6 +262,10 @@ pub fn runtime() -> Result<&'static Runtime, LoadError> {
     GLOBAL
         .get_or_init(|| {
             let explicit = EXPLICIT.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            #[cfg(feature = "link")]
+            if explicit.is_none() && std::env::var_os(RUNTIME_PATH_ENV).is_none_or(|v| v.is_empty()) {
+                return Ok(Runtime::linked());
+            }
             Runtime::search(explicit.as_deref())
         })
         .clone()
