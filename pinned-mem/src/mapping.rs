@@ -36,7 +36,13 @@ use crate::util::{align_down, align_up, page_size};
 /// # Caveat
 /// As with every shared mapping, the bytes change if another program writes
 /// the file, and truncating it while mapped makes reads of the lost pages fault
-/// (`SIGBUS`). Keep the file unchanged while it is mapped.
+/// (`SIGBUS`). Keep the file unchanged while it is mapped. What this crate
+/// checks: pinning ([`PinnedRange::new`](crate::PinnedRange::new), and so the
+/// streamer's windows and whole-file registrations) refuses bytes the file no
+/// longer has with [`Error::FileChanged`], and the ring's and `O_DIRECT` reads
+/// (`pread`) report a short file the same way. What cannot be checked: reading
+/// lost pages through [`MappedFile::as_bytes`] (the streamer's verification
+/// does), or a truncation racing a registration or copy already past its check.
 pub struct MappedFile {
     ptr: NonNull<u8>,
     len: u64,
@@ -268,6 +274,23 @@ impl MappedFile {
             });
         }
         Ok(f)
+    }
+
+    /// Checks that the file still has bytes up to `end` (a truncated file's lost
+    /// pages fault when read, and cannot be pinned).
+    pub(crate) fn check_has(&self, end: u64) -> Result<()> {
+        let now = self.file.metadata().map_err(|e| Error::io("stat", &self.path, e))?.len();
+        if now < end {
+            return Err(Error::FileChanged {
+                path: self.path.clone(),
+                message: format!(
+                    "it was truncated to {now} bytes after it was mapped ({} then), so byte {} is gone",
+                    self.len,
+                    end - 1
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Length of the mapping: the file's length rounded up to pages.

@@ -155,7 +155,8 @@ impl PinnedRange {
     /// ```
     ///
     /// # Errors
-    /// [`Error::BadRange`] (empty, past the end), [`Error::Overlap`],
+    /// [`Error::BadRange`] (empty, past the end), [`Error::FileChanged`] (the
+    /// file was truncated since it was mapped), [`Error::Overlap`],
     /// [`Error::BudgetExceeded`], [`Error::MemlockLimit`], and CUDA's error
     /// from `cudaHostRegister`. Nothing stays pinned, locked or drawn on error.
     pub fn new(file: &Arc<MappedFile>, range: Range<u64>, opts: PinOptions, budget: &PinBudget) -> Result<PinnedRange> {
@@ -177,6 +178,9 @@ impl PinnedRange {
         if range.end > len {
             return Err(Error::BadRange { range, len, reason: "the range runs past the end of the file" });
         }
+        // A file truncated since it was mapped: copies from its lost pages would
+        // fault (SIGBUS), and CUDA cannot pin them.
+        file.check_has(range.end)?;
         let page = page_size();
         let pages = align_down(range.start, page)..align_up(range.end, page).min(file.map_len());
 
