@@ -12,7 +12,9 @@
 //! only for a slot whose last copies are known complete (their [`Event`]s
 //! synchronized). [`InFlightSlot`] gives no access to the memory at all.
 //! Dropping any of them returns the slot to the ring (an in-flight one to the
-//! in-flight queue). Forgetting one only loses the slot (the ring has one fewer);
+//! in-flight queue). Forgetting one loses the slot (the ring has one fewer) and,
+//! since each handle holds the ring's shared state, keeps the whole ring (its K
+//! pinned slots and its budget reservation) alive for the rest of the process;
 //! memory safety never depends on it, since each slot is a
 //! [`PinnedBuffer`](cuda_safe::PinnedBuffer) whose fence makes host access wait
 //! for the device anyway.
