@@ -66,7 +66,7 @@ pub trait HostSource<T: Pod>: sealed::Sealed {
 /// Host memory an asynchronous copy may write: pinned memory only.
 pub trait HostSink<T: Pod>: sealed::Sealed {
     #[doc(hidden)]
-    fn host_dst(&mut self) -> (*mut T, usize, &Fence);
+    fn host_dst(&mut self) -> (*mut T, usize, &mut Fence);
 }
 /// Device memory an operation may read.
 pub trait DeviceSource<T: Pod>: sealed::Sealed {
@@ -76,7 +76,7 @@ pub trait DeviceSource<T: Pod>: sealed::Sealed {
 /// Device memory an operation may write.
 pub trait DeviceSink<T: Pod>: sealed::Sealed {
     #[doc(hidden)]
-    fn device_dst(&mut self) -> (*mut T, usize, &Fence, Device);
+    fn device_dst(&mut self) -> (*mut T, usize, &mut Fence, Device);
 }
 
 // ---------------------------------------------------------------- device memory
@@ -294,8 +294,8 @@ impl<T: Pod> DeviceSource<T> for DeviceBuffer<T> {
     }
 }
 impl<T: Pod> DeviceSink<T> for DeviceBuffer<T> {
-    fn device_dst(&mut self) -> (*mut T, usize, &Fence, Device) {
-        (self.ptr, self.len, &self.fence, self.device)
+    fn device_dst(&mut self) -> (*mut T, usize, &mut Fence, Device) {
+        (self.ptr, self.len, &mut self.fence, self.device)
     }
 }
 impl<T: Pod> DeviceSource<T> for DeviceSlice<'_, T> {
@@ -309,8 +309,8 @@ impl<T: Pod> DeviceSource<T> for DeviceSliceMut<'_, T> {
     }
 }
 impl<T: Pod> DeviceSink<T> for DeviceSliceMut<'_, T> {
-    fn device_dst(&mut self) -> (*mut T, usize, &Fence, Device) {
-        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
+    fn device_dst(&mut self) -> (*mut T, usize, &mut Fence, Device) {
+        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &mut self.buf.fence, self.buf.device)
     }
 }
 
@@ -479,7 +479,12 @@ impl<T: Pod> PinnedBuffer<T> {
     /// [`Error::InvalidArgument`] when out of bounds.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<PinnedSliceMut<'_, T>> {
         let r = to_range(range, self.len, "PinnedBuffer::slice_mut")?;
-        Ok(PinnedSliceMut { ptr: self.ptr.wrapping_add(r.start), len: r.len(), fence: &self.fence, _p: PhantomData })
+        Ok(PinnedSliceMut {
+            ptr: self.ptr.wrapping_add(r.start),
+            len: r.len(),
+            fence: &mut self.fence,
+            _p: PhantomData,
+        })
     }
 }
 
@@ -508,7 +513,7 @@ pub struct PinnedSlice<'a, T: Pod> {
 pub struct PinnedSliceMut<'a, T: Pod> {
     ptr: *mut T,
     len: usize,
-    fence: &'a Fence,
+    fence: &'a mut Fence,
     _p: PhantomData<&'a mut [T]>,
 }
 
@@ -563,8 +568,8 @@ impl<T: Pod> HostSource<T> for PinnedBuffer<T> {
     }
 }
 impl<T: Pod> HostSink<T> for PinnedBuffer<T> {
-    fn host_dst(&mut self) -> (*mut T, usize, &Fence) {
-        (self.ptr, self.len, &self.fence)
+    fn host_dst(&mut self) -> (*mut T, usize, &mut Fence) {
+        (self.ptr, self.len, &mut self.fence)
     }
 }
 impl<T: Pod> HostSource<T> for PinnedSlice<'_, T> {
@@ -573,7 +578,7 @@ impl<T: Pod> HostSource<T> for PinnedSlice<'_, T> {
     }
 }
 impl<T: Pod> HostSink<T> for PinnedSliceMut<'_, T> {
-    fn host_dst(&mut self) -> (*mut T, usize, &Fence) {
+    fn host_dst(&mut self) -> (*mut T, usize, &mut Fence) {
         (self.ptr, self.len, self.fence)
     }
 }
@@ -829,7 +834,7 @@ impl Stream {
         same_len("Stream::copy_to_device", n, m)?;
         same_device("Stream::copy_to_device", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(&[sf], &[df], |raw_stream| {
+        self.enqueue(Some(sf), df, |raw_stream| {
             if bytes == 0 {
                 return Ok(());
             }
@@ -855,7 +860,7 @@ impl Stream {
         same_len("Stream::copy_to_host", n, m)?;
         same_device("Stream::copy_to_host", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(&[sf], &[df], |raw_stream| {
+        self.enqueue(Some(sf), df, |raw_stream| {
             if bytes == 0 {
                 return Ok(());
             }
@@ -880,7 +885,7 @@ impl Stream {
         same_device("Stream::copy_device_to_device", self, sdev)?;
         same_device("Stream::copy_device_to_device", self, ddev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(&[sf], &[df], |raw_stream| {
+        self.enqueue(Some(sf), df, |raw_stream| {
             if bytes == 0 {
                 return Ok(());
             }
@@ -899,7 +904,7 @@ impl Stream {
         let (d, n, df, dev) = dst.device_dst();
         same_device("Stream::memset", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(&[], &[df], |raw_stream| {
+        self.enqueue(None, df, |raw_stream| {
             if bytes == 0 {
                 return Ok(());
             }

@@ -166,50 +166,41 @@ impl Fence {
     fn pending_elsewhere(u: &Use, on: &StreamInner) -> bool {
         !std::ptr::eq(&*u.stream, on) && !u.stream.is_done(u.seq)
     }
+}
 
-    // The common case (the buffer last used on the same stream, or idle) takes
-    // one lock and no reference count: this is the per-copy hot path.
+impl FenceState {
+    /// Orders `on` after the last write (for an operation reading the buffer).
     fn order_read(&self, on: &StreamInner) -> Result<()> {
-        let w = {
-            let s = lock(&self.state);
-            match &s.write {
-                Some(u) if Self::pending_elsewhere(u, on) => Some(u.clone()),
-                _ => None,
-            }
-        };
-        match w {
-            Some(u) => on.order_after(&u.stream, u.seq),
-            None => Ok(()),
+        match &self.write {
+            Some(u) if Fence::pending_elsewhere(u, on) => on.order_after(&u.stream, u.seq),
+            _ => Ok(()),
         }
     }
 
+    /// Orders `on` after every use (for an operation writing the buffer).
     fn order_write(&self, on: &StreamInner) -> Result<()> {
-        let others: Vec<Use> = {
-            let s = lock(&self.state);
-            s.write.iter().chain(s.reads.iter()).filter(|u| Self::pending_elsewhere(u, on)).cloned().collect()
-        };
-        for u in others {
-            on.order_after(&u.stream, u.seq)?;
+        for u in self.write.iter().chain(self.reads.iter()) {
+            if Fence::pending_elsewhere(u, on) {
+                on.order_after(&u.stream, u.seq)?;
+            }
         }
         Ok(())
     }
 
-    fn note_read(&self, stream: &Arc<StreamInner>, seq: u64) {
-        let mut s = lock(&self.state);
-        if let Some(u) = s.reads.iter_mut().find(|u| Arc::ptr_eq(&u.stream, stream)) {
+    fn note_read(&mut self, stream: &Arc<StreamInner>, seq: u64) {
+        if let Some(u) = self.reads.iter_mut().find(|u| Arc::ptr_eq(&u.stream, stream)) {
             u.seq = seq;
             return;
         }
-        s.reads.retain(|u| !u.stream.is_done(u.seq));
-        s.reads.push(Use { stream: stream.clone(), seq });
+        self.reads.retain(|u| !u.stream.is_done(u.seq));
+        self.reads.push(Use { stream: stream.clone(), seq });
     }
 
-    fn note_write(&self, stream: &Arc<StreamInner>, seq: u64) {
-        let mut s = lock(&self.state);
-        if !s.reads.is_empty() {
-            s.reads.clear();
+    fn note_write(&mut self, stream: &Arc<StreamInner>, seq: u64) {
+        if !self.reads.is_empty() {
+            self.reads.clear();
         }
-        match &mut s.write {
+        match &mut self.write {
             Some(u) if Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
             w => *w = Some(Use { stream: stream.clone(), seq }),
         }
@@ -397,30 +388,38 @@ impl Stream {
         res.map(|_| ())
     }
 
-    /// Enqueues one operation reading `reads` and writing `writes`: orders it
-    /// after other streams' conflicting uses, runs `enqueue`, then records the
-    /// uses. Returns the pending operation, borrowing for `'a`.
+    /// Enqueues one operation reading the buffer of `read` (if any) and writing
+    /// the buffer of `write`: orders it after other streams' conflicting uses,
+    /// runs `enqueue`, then records the uses. Returns the pending operation,
+    /// borrowing for `'a`.
+    ///
+    /// This is the per-copy hot path. The written buffer is exclusively
+    /// borrowed by the caller, so its fence is reached through `&mut` without
+    /// locking; the read buffer's fence is locked once, across the enqueue (so
+    /// its record cannot interleave with another thread's copy from the same
+    /// buffer). Locks are taken in one order (read, then the streams' `cross`
+    /// events), and a written fence is never locked by anyone else meanwhile,
+    /// so no cycle can form.
     pub(crate) fn enqueue<'a>(
         &self,
-        reads: &[&Fence],
-        writes: &[&Fence],
+        read: Option<&Fence>,
+        write: &mut Fence,
         enqueue: impl FnOnce(cudaStream_t) -> Result<()>,
     ) -> Result<Pending<'a>> {
-        self.inner.device.ensure_current()?;
-        for f in reads {
-            f.order_read(&self.inner)?;
+        let on = &self.inner;
+        on.device.ensure_current()?;
+        let w = write.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let mut r = read.map(|f| lock(&f.state));
+        if let Some(r) = &r {
+            r.order_read(on)?;
         }
-        for f in writes {
-            f.order_write(&self.inner)?;
+        w.order_write(on)?;
+        let seq = on.submit(enqueue)?;
+        if let Some(r) = &mut r {
+            r.note_read(on, seq);
         }
-        let seq = self.inner.submit(enqueue)?;
-        for f in reads {
-            f.note_read(&self.inner, seq);
-        }
-        for f in writes {
-            f.note_write(&self.inner, seq);
-        }
-        Ok(Pending { stream: self.inner.clone(), seq, _borrows: PhantomData })
+        w.note_write(on, seq);
+        Ok(Pending { stream: on.clone(), seq, _borrows: PhantomData })
     }
 }
 

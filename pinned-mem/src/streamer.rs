@@ -55,6 +55,22 @@ const PIECE: u64 = 64 << 20;
 const PIECE_IN_FLIGHT: usize = 4;
 /// The pinned bounce buffer of verification.
 const VERIFY_BOUNCE: u64 = 1 << 20;
+/// How long the tail of a pass polls its last event before sleeping on it: a
+/// blocking-sync event wakes its waiter late, a fixed cost on every pass.
+const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
+
+/// Waits for `ev`, polling it for [`TAIL_SPIN`] before sleeping on it. Used
+/// only for the last waits of a pass, where nothing else hides the wake-up.
+fn wait_tail(ev: &Event) -> cuda_safe::Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < TAIL_SPIN {
+        if ev.query()? {
+            return Ok(());
+        }
+        std::hint::spin_loop();
+    }
+    ev.synchronize()
+}
 
 /// A progress callback: `(bytes done, bytes in all)`, called from worker threads.
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
@@ -845,7 +861,7 @@ impl Streamer {
             // Waits on an event (sleeping, not spinning); if that fails, the
             // stream itself is synchronized so nothing stays in flight, and the
             // first error is still reported.
-            if let Err(e) = stream.record(ev).and_then(|()| ev.synchronize()) {
+            if let Err(e) = stream.record(ev).and_then(|()| wait_tail(ev)) {
                 ctx.fail(e.into());
                 if let Err(e) = stream.synchronize() {
                     ctx.fail(e.into());
@@ -1024,12 +1040,12 @@ fn window_agent<S: Sink>(
     let mut next_set = 0;
     let mut out = Vec::new();
 
-    let retire = |w: InFlightWindow, events: &[Vec<Option<Event>>]| -> Result<()> {
+    let retire = |w: InFlightWindow, events: &[Vec<Option<Event>>], tail: bool| -> Result<()> {
         let mut res = Ok(());
         for (i, ev) in events[w.set].iter().enumerate() {
             if w.mask & (1 << i) != 0
                 && let Some(ev) = ev
-                && let Err(e) = ev.synchronize()
+                && let Err(e) = if tail { wait_tail(ev) } else { ev.synchronize() }
             {
                 res = res.and(Err(e.into()));
             }
@@ -1057,7 +1073,7 @@ fn window_agent<S: Sink>(
                 let batch = if matches!(src, WindowSrc::Register { .. }) { queue.len() } else { 1 };
                 for _ in 0..batch {
                     if let Some(w) = queue.pop_front() {
-                        retire(w, &events)?;
+                        retire(w, &events, false)?;
                     }
                 }
             }
@@ -1135,7 +1151,8 @@ fn window_agent<S: Sink>(
 
     let mut res = result;
     while let Some(w) = queue.pop_front() {
-        let r = retire(w, &events);
+        let tail = queue.is_empty();
+        let r = retire(w, &events, tail);
         res = res.and(r);
     }
     res
