@@ -1,0 +1,243 @@
+//! `soak`: streams a file to the GPU again and again with each strategy and
+//! checks that the data keeps arriving intact and that memory stays flat.
+//!
+//! ```text
+//! cargo run --release -p pinned-mem --bin soak -- --gb 100            # 100 GB per strategy
+//! cargo run -p pinned-mem --features emulator --bin soak -- --emulated --gb 2 --size 64M
+//! ```
+//!
+//! Every pass, three random 16 MiB pieces of the device copy are read back and
+//! compared with the file; the last pass of each strategy compares all of it.
+//! After each strategy it prints bytes moved, mismatches, peak pinned bytes,
+//! time, and the process's resident and locked memory at the start, the end
+//! and the peak (flat memory: the end is where the start was).
+
+use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use pinned_mem::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+const MIB: u64 = 1 << 20;
+const PIECE: usize = 16 << 20;
+
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let m = match s[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1,
+                "K" => 1u64 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return None,
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    num.parse::<f64>().ok().map(|n| (n * mult as f64) as u64)
+}
+
+/// `(VmRSS, VmLck)` of this process in bytes.
+fn memory() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmLck:"))
+}
+
+struct Args {
+    gb: f64,
+    size: u64,
+    budget: Option<u64>,
+    emulated: bool,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args { gb: 100.0, size: 4 << 30, budget: None, emulated: false };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        let mut val = |n: &str| it.next().ok_or(format!("{n} needs a value"));
+        match x.as_str() {
+            "--gb" => a.gb = val("--gb")?.parse().map_err(|_| "--gb: a number of GB")?,
+            "--size" => a.size = parse_size(&val("--size")?).ok_or("--size: e.g. 4G")?,
+            "--budget" => a.budget = Some(parse_size(&val("--budget")?).ok_or("--budget: e.g. 512M")?),
+            "--emulated" => a.emulated = true,
+            "-h" | "--help" => {
+                return Err("usage: soak [--gb GB per strategy] [--size FILE] [--budget BYTES] [--emulated]".into());
+            }
+            o => return Err(format!("unknown argument {o:?} (try --help)")),
+        }
+    }
+    if a.size < 64 * MIB {
+        return Err("--size: at least 64M".into());
+    }
+    Ok(a)
+}
+
+fn pattern_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(path)?);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut block = vec![0u8; 1 << 20];
+    for _ in 0..size.div_ceil(1 << 20) {
+        for w in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        f.write_all(&block)?;
+    }
+    f.flush()?;
+    f.get_ref().set_len(size)
+}
+
+/// Compares `len` bytes at `off` of the device copy with the file, through a pinned bounce buffer.
+fn check_piece(
+    stream: &Stream,
+    dst: &DeviceBuffer<u8>,
+    bounce: &mut PinnedBuffer<u8>,
+    file: &[u8],
+    off: usize,
+    len: usize,
+) -> Result<bool, String> {
+    let src = dst.slice(off..off + len).map_err(|e| e.to_string())?;
+    let mut into = bounce.slice_mut(0..len).map_err(|e| e.to_string())?;
+    stream.copy_to_host(&src, &mut into).map_err(|e| e.to_string())?.wait().map_err(|e| e.to_string())?;
+    Ok(bounce.as_slice().map_err(|e| e.to_string())?[..len] == file[off..off + len])
+}
+
+fn run() -> Result<bool, String> {
+    let a = args()?;
+    if a.emulated {
+        #[cfg(feature = "emulator")]
+        cuda_sys::set_runtime_path(cuda_sys::emulator::library_path().map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        #[cfg(not(feature = "emulator"))]
+        return Err("--emulated needs a build with --features emulator".into());
+    }
+    let dev = Device::get(0).map_err(|e| format!("no GPU: {e}"))?;
+    let label = if a.emulated { " [EMULATED: not GPU measurements]" } else { "" };
+    let path = std::env::temp_dir().join(format!("pinned-mem-soak-{}.bin", std::process::id()));
+    pattern_file(&path, a.size).map_err(|e| format!("{}: {e}", path.display()))?;
+    let res = (|| -> Result<bool, String> {
+        let file = MappedFile::open(&path).map_err(|e| e.to_string())?;
+        let len = file.len();
+        let bytes = file.as_bytes();
+        let budget_bytes = a.budget.unwrap_or(len / 8);
+        let mut dst = DeviceBuffer::<u8>::new(&dev, len as usize).map_err(|e| e.to_string())?;
+        let stream = Stream::new(&dev).map_err(|e| e.to_string())?;
+        let mut bounce = PinnedBuffer::<u8>::new(PIECE).map_err(|e| e.to_string())?;
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let plans: Vec<(&str, Strategy, u64)> = vec![
+            ("auto", Strategy::Auto, budget_bytes),
+            ("windows", Strategy::Windows { window: (budget_bytes / 4) as usize, in_flight: 4 }, budget_bytes),
+            (
+                "hybrid",
+                Strategy::Hybrid {
+                    window: (budget_bytes / 8) as usize,
+                    slot: (budget_bytes / 4 / (2 * threads as u64)).clamp(MIB, 16 * MIB) as usize,
+                    threads,
+                },
+                budget_bytes,
+            ),
+            (
+                "ring",
+                Strategy::Ring {
+                    slots: 2 * threads,
+                    slot: (budget_bytes / (2 * threads as u64)).clamp(MIB, 16 * MIB) as usize,
+                    threads,
+                },
+                budget_bytes,
+            ),
+            ("whole-file (reused)", Strategy::WholeFile, len + (4 * MIB)),
+        ];
+        println!(
+            "soak{label}: {} file, {:.1} GB per strategy, pin budget {} MiB (whole-file: the file)",
+            pinned_mem::Bytes(len),
+            a.gb,
+            budget_bytes / MIB
+        );
+        println!(
+            "strategy             passes      GB moved  mismatches  peak pinned    seconds   GB/s  RSS start->end (peak) MiB  VmLck start->end MiB"
+        );
+        let mut all_ok = true;
+        let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
+        for (name, strategy, budget) in plans {
+            let budget = PinBudget::new(budget);
+            let streamer = Streamer::new(&[dev], StreamConfig::new(strategy, budget.clone()))
+                .map_err(|e| format!("{name}: {e}"))?;
+            let passes = ((a.gb * 1e9) / len as f64).ceil().max(1.0) as u64;
+            let (rss0, lck0) = memory();
+            let mut rss_peak = rss0;
+            let (mut mismatches, mut moved, mut peak) = (0u64, 0u64, 0u64);
+            let t0 = Instant::now();
+            for p in 0..passes {
+                let r = streamer.to_device(&file, 0..len, &mut dst).map_err(|e| format!("{name} pass {p}: {e}"))?;
+                moved += r.bytes;
+                peak = peak.max(r.peak_pinned);
+                let last = p + 1 == passes;
+                let pieces: Vec<usize> = if last {
+                    (0..len as usize).step_by(PIECE).collect()
+                } else {
+                    (0..3)
+                        .map(|_| {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            (rng % (len - PIECE as u64)) as usize
+                        })
+                        .collect()
+                };
+                for off in pieces {
+                    let n = PIECE.min(len as usize - off);
+                    if !check_piece(&stream, &dst, &mut bounce, bytes, off, n)? {
+                        mismatches += 1;
+                    }
+                }
+                rss_peak = rss_peak.max(memory().0);
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            let (rss1, lck1) = memory();
+            drop(streamer);
+            println!(
+                "{name:<20} {passes:>6} {:>13.1} {mismatches:>11} {:>8} MiB {secs:>10.1} {:>6.1}  {:>6}->{:<6} ({:>6})       {:>5}->{:<5}",
+                moved as f64 / 1e9,
+                peak / MIB,
+                moved as f64 / 1e9 / secs,
+                rss0 / MIB,
+                rss1 / MIB,
+                rss_peak / MIB,
+                lck0 / MIB,
+                lck1 / MIB
+            );
+            all_ok &= mismatches == 0;
+        }
+        println!("(timing includes the sampled read-back checks; GB/s here is not the bench's rate)");
+        Ok(all_ok)
+    })();
+    let _ = std::fs::remove_file(&path);
+    res
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("soak: MISMATCHES: data arrived damaged");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("soak: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# A shorter GPU check after changes: the suite, the goals' runs and the
+# safe-layer overhead, and the soak (100 GB per strategy). Logs to $OUT.
+set -u
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export CUDA_WHEEL_LIBS="$PWD/.gpu/libs"
+echo "== suite"
+timeout 120 .gpu/run.sh >"$out/suite.log" 2>&1
+echo "suite rc=$?"
+grep -E "^=== all|FAILED|^failures:" "$out/suite.log"
+grep -E "^test result" "$out/suite.log" | awk '{p+=$4; f+=$6; i+=$8} END {print "tests passed", p, "failed", f, "ignored", i}'
+echo "== bench (goal runs + overhead)"
+timeout 120 .gpu/run.sh bench --overhead --only line-rate,budget-reuse,auto,windows,hybrid --out "$out" >"$out/bench.log" 2>&1
+echo "bench rc=$?"
+sed -n '/^strategy/,/^(x line/p;/^Safe-layer/,$p' "$out/bench.log" | grep -v "^H200 anchors\|^(from shared"
+echo "== soak"
+timeout 180 .gpu/run.sh soak --gb 100 >"$out/soak.log" 2>&1
+echo "soak rc=$?"
+cat "$out/soak.log"
