@@ -219,6 +219,9 @@ pub struct Streamer {
     devices: Vec<Device>,
     streams: Vec<Stream>,
     done_events: Vec<Event>,
+    /// Events of the window agent, per stream, kept between passes (creating
+    /// them is a fixed cost every pass would pay).
+    window_events: Mutex<Vec<Vec<Event>>>,
     config: StreamConfig,
     portable: bool,
     owner: Mutex<Option<ThreadId>>,
@@ -281,6 +284,7 @@ impl Streamer {
         }
         Ok(Streamer {
             devices: devices.to_vec(),
+            window_events: Mutex::new(streams.iter().map(|_| Vec::new()).collect()),
             streams,
             done_events,
             portable: devices.len() > 1,
@@ -778,6 +782,7 @@ impl Streamer {
         let whole = whole_idx.and_then(|i| st.cache.get(i));
 
         let ctx = Ctx {
+            window_events: &self.window_events,
             file,
             streams: &self.streams,
             opts: self.opts(),
@@ -939,6 +944,7 @@ struct Ctx<'a> {
     done: AtomicU64,
     total: u64,
     progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,
+    window_events: &'a Mutex<Vec<Vec<Event>>>,
 }
 
 impl Ctx<'_> {
@@ -1034,8 +1040,10 @@ fn window_agent<S: Sink>(
         WindowSrc::Register { window, in_flight } => (window, in_flight.max(1)),
         WindowSrc::Whole { .. } => (PIECE, PIECE_IN_FLIGHT),
     };
-    let mut events: Vec<Vec<Option<Event>>> =
-        (0..in_flight).map(|_| ctx.streams.iter().map(|_| None).collect()).collect();
+    let mut events: Vec<Vec<Option<Event>>> = {
+        let mut pool = lock(ctx.window_events);
+        (0..in_flight).map(|_| (0..ctx.streams.len()).map(|i| pool.get_mut(i).and_then(Vec::pop)).collect()).collect()
+    };
     let mut queue: VecDeque<InFlightWindow> = VecDeque::with_capacity(in_flight);
     let mut next_set = 0;
     let mut out = Vec::new();
@@ -1154,6 +1162,15 @@ fn window_agent<S: Sink>(
         let tail = queue.is_empty();
         let r = retire(w, &events, tail);
         res = res.and(r);
+    }
+    // Keep the events for the next pass (re-recording a pending one is fine).
+    let mut pool = lock(ctx.window_events);
+    for set in events {
+        for (i, ev) in set.into_iter().enumerate() {
+            if let (Some(ev), Some(p)) = (ev, pool.get_mut(i)) {
+                p.push(ev);
+            }
+        }
     }
     res
 }
