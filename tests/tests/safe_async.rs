@@ -48,10 +48,13 @@ impl Raw {
     }
     fn device(&mut self, n: usize) -> *mut c_void {
         let mut p = std::ptr::null_mut();
-        // SAFETY: `p` is a valid place for the pointer; then `n` bytes of it are set.
+        // SAFETY: `p` is a valid place for the pointer; then `n` bytes of it are set,
+        // and the legacy stream (where cudaMemset runs, asynchronously) is waited
+        // for, since the non-blocking streams used next are not ordered after it.
         unsafe {
             ok((api().cudaMalloc)(&mut p, n));
             ok((api().cudaMemset)(p, 0, n));
+            ok((api().cudaStreamSynchronize)(std::ptr::null_mut()));
         }
         self.device.push(p);
         p
