@@ -185,3 +185,40 @@ pub fn write_pattern_file(path: &Path, seed: u64, len: usize) -> Vec<u8> {
     std::fs::write(path, &data).expect("write test file");
     data
 }
+
+/// What a test run in a child process printed, from [`run_test_in_child`].
+pub struct ChildRun {
+    /// The child's exit status and raw output.
+    pub output: std::process::Output,
+    /// Its standard output, as text.
+    pub stdout: String,
+    /// Its standard error, as text.
+    pub stderr: String,
+}
+
+/// Runs test `name` of the current test binary alone in a child process
+/// (`--exact --nocapture --test-threads=1`, and `--ignored` when `ignored`),
+/// with `env` added to the environment. For what must not happen in this
+/// process: another emulator configuration, a lower rlimit, dropped
+/// privileges, a deliberate leak or crash.
+pub fn run_test_in_child(name: &str, ignored: bool, env: &[(&str, &str)]) -> ChildRun {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]);
+    if ignored {
+        cmd.arg("--ignored");
+    }
+    let output = cmd.envs(env.iter().copied()).output().expect("run the test binary again");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    ChildRun { output, stdout, stderr }
+}
+
+/// [`run_test_in_child`], then asserts that the child succeeded and printed
+/// `marker` (proof that it ran its body, not an early return).
+#[track_caller]
+pub fn run_child_expecting(name: &str, ignored: bool, env: &[(&str, &str)], marker: &str) -> ChildRun {
+    let r = run_test_in_child(name, ignored, env);
+    assert!(r.output.status.success(), "child {name} failed:\n{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(marker), "child {name} did not run its body:\n{}\n{}", r.stdout, r.stderr);
+    r
+}

@@ -29,7 +29,6 @@
 //! them first, and are skipped with a printed reason where that fails.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
@@ -625,13 +624,9 @@ fn check_in_child(t: &Ctx, c: &Case) -> String {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "bad_input_child", "--nocapture", "--test-threads=1"])
-        .env(CHILD_CASE, c.name)
-        .env(CHILD_DIR, dir.path())
-        .output()
-        .unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let dir_s = dir.path().to_str().expect("a UTF-8 temporary path");
+    let r = integration_tests::run_test_in_child("bad_input_child", false, &[(CHILD_CASE, c.name), (CHILD_DIR, dir_s)]);
+    let (out, so, se) = (r.output, r.stdout, r.stderr);
     {
         use std::os::unix::process::ExitStatusExt;
         if let Some(sig) = out.status.signal() {
@@ -726,12 +721,9 @@ const SIGBUS_CHILD: &str = "BAD_INPUT_SIGBUS_CHILD";
 fn reading_lost_pages_through_the_mapping_is_sigbus() {
     let t = start();
     let dir = TempDir::new("bad-input-sigbus");
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sigbus_child", "--nocapture", "--test-threads=1"])
-        .env(SIGBUS_CHILD, dir.path())
-        .output()
-        .unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let dir_s = dir.path().to_str().expect("a UTF-8 temporary path");
+    let r = integration_tests::run_test_in_child("sigbus_child", false, &[(SIGBUS_CHILD, dir_s)]);
+    let (out, so, se) = (r.output, r.stdout, r.stderr);
     use std::os::unix::process::ExitStatusExt;
     assert!(so.contains("SIGBUS-CHILD: mapped and truncated"), "the child did not get there:\n{so}\n{se}");
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "expected death by SIGBUS: {:?}\n{so}\n{se}", out.status);

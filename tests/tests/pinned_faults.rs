@@ -313,14 +313,7 @@ const STICKY_CHILD: &str = "PINNED_MEM_STICKY_CHILD";
 #[test]
 fn a_lost_context_fails_fast_without_hanging() {
     let t = start_emulated();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sticky_child", "--nocapture", "--test-threads=1"])
-        .env(STICKY_CHILD, "1")
-        .output()
-        .unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "child failed:\n{so}\n{se}");
-    assert!(so.contains("STICKY-OK"), "the child did not run:\n{so}\n{se}");
+    integration_tests::run_child_expecting("sticky_child", false, &[(STICKY_CHILD, "1")], "STICKY-OK");
     t.assert_clean();
 }
 

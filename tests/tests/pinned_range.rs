@@ -226,15 +226,7 @@ const MEMLOCK_CHILD: &str = "PINNED_MEM_MEMLOCK_CHILD";
 #[test]
 fn memlock_limit_too_low_is_a_typed_error() {
     let t = start();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "memlock_child", "--nocapture", "--test-threads=1"])
-        .env(MEMLOCK_CHILD, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("MEMLOCK-CHILD-OK"), "the child did not run its checks:\n{stdout}\n{stderr}");
+    integration_tests::run_child_expecting("memlock_child", false, &[(MEMLOCK_CHILD, "1")], "MEMLOCK-CHILD-OK");
     t.assert_clean();
 }
 

@@ -280,15 +280,12 @@ fn to_devices_with_two_devices() {
         t.assert_clean();
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "two_devices_child", "--nocapture", "--test-threads=1"])
-        .env(TWO_DEVICES_CHILD, "1")
-        .env("CUDA_EMU_DEVICES", "2")
-        .output()
-        .unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "child failed:\n{so}\n{se}");
-    assert!(so.contains("TWO-DEVICES-OK"), "the child did not run:\n{so}\n{se}");
+    integration_tests::run_child_expecting(
+        "two_devices_child",
+        false,
+        &[(TWO_DEVICES_CHILD, "1"), ("CUDA_EMU_DEVICES", "2")],
+        "TWO-DEVICES-OK",
+    );
     t.assert_clean();
 }
 

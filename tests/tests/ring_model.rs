@@ -1008,14 +1008,7 @@ const FORGET_CHILD: &str = "RING_MODEL_FORGET_CHILD";
 #[test]
 fn forgetting_handles_only_loses_their_slots() {
     let t = start();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "forget_child", "--nocapture", "--test-threads=1"])
-        .env(FORGET_CHILD, "1")
-        .output()
-        .unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "child failed:\n{so}\n{se}");
-    assert!(so.contains("FORGET-CHILD-OK"), "the child did not run its checks:\n{so}\n{se}");
+    integration_tests::run_child_expecting("forget_child", false, &[(FORGET_CHILD, "1")], "FORGET-CHILD-OK");
     t.assert_clean();
 }
 

@@ -675,15 +675,9 @@ const CHILD: &str = "SAFE_FAULTS_CHILD";
 
 /// Runs the `#[ignore]`d test `name` of this binary in a child process with `env`.
 fn run_child(name: &str, env: &[(&str, &str)]) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(CHILD, name)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.contains("1 passed"), "child {name}:\n{stdout}\n{stderr}");
-    assert!(stdout.contains(&format!("child {name} ran")), "child {name} did not run its body:\n{stdout}");
+    let mut env = env.to_vec();
+    env.push((CHILD, name));
+    integration_tests::run_child_expecting(name, true, &env, &format!("child {name} ran"));
 }
 
 fn is_child(name: &str) -> bool {
