@@ -13,20 +13,16 @@
 //! per-GPU line rates measured in the same run; the last pass of every run is
 //! copied back and compared.
 
+#[path = "common/demo.rs"]
+mod demo;
 use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, PinnedFlags, Stream};
+use demo::cpu_seconds;
+use demo::pattern_file;
 use pinned_mem::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 use std::process::ExitCode;
 use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
-
-fn cpu_seconds() -> f64 {
-    use nix::sys::resource::{UsageWho, getrusage};
-    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
-        let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
-        tv(u.user_time()) + tv(u.system_time())
-    })
-}
 
 type Res<T> = Result<T, String>;
 
@@ -51,24 +47,6 @@ fn line_rate(devs: &[Device], bytes: usize, reps: usize) -> Res<f64> {
         s.synchronize().map_err(err("synchronize"))?;
     }
     Ok((bytes * reps * devs.len()) as f64 / t.elapsed().as_secs_f64() / 1e9)
-}
-
-fn pattern_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(path)?);
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut block = vec![0u8; 1 << 20];
-    for _ in 0..size.div_ceil(1 << 20) {
-        for w in block.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes());
-        }
-        f.write_all(&block)?;
-    }
-    f.flush()?;
-    f.get_ref().set_len(size)
 }
 
 struct Row {

@@ -12,9 +12,12 @@
 //! time, and the process's resident and locked memory at the start, the end
 //! and the peak (flat memory: the end is where the start was).
 
+#[path = "common/demo.rs"]
+mod demo;
 use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use demo::pattern_file;
 use pinned_mem::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
-use std::io::Write;
+
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -81,23 +84,6 @@ fn args() -> Result<Args, String> {
         return Err("--size: at least 64M".into());
     }
     Ok(a)
-}
-
-fn pattern_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
-    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(path)?);
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut block = vec![0u8; 1 << 20];
-    for _ in 0..size.div_ceil(1 << 20) {
-        for w in block.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes());
-        }
-        f.write_all(&block)?;
-    }
-    f.flush()?;
-    f.get_ref().set_len(size)
 }
 
 /// Compares `len` bytes at `off` of the device copy with the file, through a pinned bounce buffer.
