@@ -37,7 +37,7 @@ pub struct Summary<'a> {
     pub torch: Option<&'a seed::Torch>,
 }
 
-/// The H200's figures from /work/shared/facts/h200-baseline.md (one run each).
+/// The H200's figures from the workplace's shared/facts/h200-baseline.md (one run each).
 pub const FACTS: &str = "shared/facts/h200-baseline.md";
 
 /// The facts file's GB/s (and CPU s/GB) for a row, where it measured the same thing.
