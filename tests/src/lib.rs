@@ -222,3 +222,49 @@ pub fn run_child_expecting(name: &str, ignored: bool, env: &[(&str, &str)], mark
     assert!(r.stdout.contains(marker), "child {name} did not run its body:\n{}\n{}", r.stdout, r.stderr);
     r
 }
+
+/// `CAP_DAC_OVERRIDE`: bypass file permission checks.
+pub const CAP_DAC_OVERRIDE: u32 = 1;
+/// `CAP_DAC_READ_SEARCH`: bypass read and search permission checks.
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
+/// `CAP_IPC_LOCK`: lock memory beyond `RLIMIT_MEMLOCK`.
+pub const CAP_IPC_LOCK: u32 = 14;
+
+/// Drops `caps` from the calling thread's capability sets (threads it starts
+/// later inherit that). For child processes that must meet a limit root is
+/// exempt from (CI runs as root).
+///
+/// # Errors
+/// The `capget`/`capset` error.
+pub fn drop_capabilities(caps: &[u32]) -> Result<(), String> {
+    /// Linux capability header and data (version 3).
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = CapHeader { version: 0x2008_0522, pid: 0 };
+    let mut d = [CapData::default(); 2];
+    // SAFETY: a valid header and two data structs, as capget(2) version 3 wants.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut CapHeader, d.as_mut_ptr()) } != 0 {
+        return Err(format!("capget: {}", std::io::Error::last_os_error()));
+    }
+    for &c in caps {
+        let (i, bit) = ((c / 32) as usize, 1 << (c % 32));
+        d[i].effective &= !bit;
+        d[i].permitted &= !bit;
+        d[i].inheritable &= !bit;
+    }
+    // SAFETY: as above; this only lowers the calling thread's capabilities.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut CapHeader, d.as_ptr()) } != 0 {
+        return Err(format!("capset: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -532,46 +532,7 @@ fn check_here(t: &Ctx, c: &Case) -> String {
     shown
 }
 
-/// Linux capability header and data (version 3).
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const CAP_DAC_OVERRIDE: u32 = 1;
-const CAP_DAC_READ_SEARCH: u32 = 2;
-const CAP_IPC_LOCK: u32 = 14;
-
-/// Drops `caps` from the calling thread's capability sets (threads it starts
-/// later inherit that).
-fn drop_caps(caps: &[u32]) -> Result<(), String> {
-    let mut h = CapHeader { version: 0x2008_0522, pid: 0 };
-    let mut d = [CapData::default(); 2];
-    // SAFETY: a valid header and two data structs, as capget(2) version 3 wants.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut CapHeader, d.as_mut_ptr()) } != 0 {
-        return Err(format!("capget: {}", std::io::Error::last_os_error()));
-    }
-    for &c in caps {
-        let (i, bit) = ((c / 32) as usize, 1 << (c % 32));
-        d[i].effective &= !bit;
-        d[i].permitted &= !bit;
-        d[i].inheritable &= !bit;
-    }
-    // SAFETY: as above; this only lowers the calling thread's capabilities.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut CapHeader, d.as_ptr()) } != 0 {
-        return Err(format!("capset: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
-}
+use integration_tests::{CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_IPC_LOCK, drop_capabilities as drop_caps};
 
 /// Becomes a process that cannot read `chmod 000` files: nobody when root,
 /// else without the DAC capabilities.

@@ -230,33 +230,9 @@ fn memlock_limit_too_low_is_a_typed_error() {
     t.assert_clean();
 }
 
-/// Linux capability header and data (version 3).
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
 /// Drops CAP_IPC_LOCK from this thread (root in CI has it, which exempts mlock from the limit).
 fn drop_cap_ipc_lock() {
-    let mut h = CapHeader { version: 0x2008_0522, pid: 0 };
-    let mut d = [CapData::default(); 2];
-    // SAFETY: valid header and two data structs, as capget(2) version 3 wants.
-    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut CapHeader, d.as_mut_ptr()) };
-    assert_eq!(rc, 0, "capget");
-    d[0].effective &= !(1 << 14);
-    d[0].permitted &= !(1 << 14);
-    d[0].inheritable &= !(1 << 14);
-    // SAFETY: as above; this only lowers the calling thread's capabilities.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut CapHeader, d.as_ptr()) };
-    assert_eq!(rc, 0, "capset: {}", std::io::Error::last_os_error());
+    integration_tests::drop_capabilities(&[integration_tests::CAP_IPC_LOCK]).expect("drop CAP_IPC_LOCK");
 }
 
 /// Runs only in the child process started above.
