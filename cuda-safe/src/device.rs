@@ -79,10 +79,17 @@ impl Device {
     /// this thread (a thread-local cache: one `cudaSetDevice` per switch, not
     /// per call). Code that calls `cudaSetDevice` itself between calls of this
     /// crate on the same thread should call [`Device::make_current`] after.
+    #[inline]
     pub(crate) fn ensure_current(&self) -> Result<()> {
         if CURRENT.with(|c| c.get()) == self.ordinal {
             return Ok(());
         }
+        self.switch_to()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn switch_to(&self) -> Result<()> {
         self.make_current()
     }
 

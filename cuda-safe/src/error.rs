@@ -38,6 +38,9 @@ pub const STICKY_CODES: &[u32] = &[700, 702, 714, 715, 716, 717, 718, 719];
 
 impl Error {
     /// Builds an error from a CUDA return code (`code` must not be success).
+    /// Out of line and cold: the per-copy path then stays short.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn cuda(call: &'static str, code: cudaError_t) -> Self {
         let (name, message) = match cuda_sys::runtime() {
             Ok(rt) => (rt.error_name(code), rt.error_string(code)),
@@ -46,6 +49,8 @@ impl Error {
         Error::Cuda { call, code: code.0, name, message }
     }
 
+    #[cold]
+    #[inline(never)]
     pub(crate) fn invalid(call: &'static str, message: impl Into<String>) -> Self {
         Error::InvalidArgument { call, message: message.into() }
     }

@@ -71,6 +71,7 @@ mod error;
 mod memory;
 mod raw;
 mod stream;
+mod sync;
 
 pub use device::{Device, RuntimeInfo, runtime_info};
 pub use error::{Error, Result, STICKY_CODES};

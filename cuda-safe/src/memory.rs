@@ -801,21 +801,33 @@ impl<M: HostMemory> HostSource<u8> for HostRegistration<M> {
 
 // ---------------------------------------------------------------- copies
 
+// The checks of the per-copy path are inline; their errors are built out of line.
+#[inline]
 fn same_len(call: &'static str, a: usize, b: usize) -> Result<()> {
     if a != b {
-        return Err(Error::invalid(call, format!("source has {a} values, destination {b}")));
+        return Err(len_mismatch(call, a, b));
     }
     Ok(())
 }
 
+#[cold]
+#[inline(never)]
+fn len_mismatch(call: &'static str, a: usize, b: usize) -> Error {
+    Error::invalid(call, format!("source has {a} values, destination {b}"))
+}
+
+#[inline]
 fn same_device(call: &'static str, stream: &Stream, d: Device) -> Result<()> {
     if stream.device() != d {
-        return Err(Error::invalid(
-            call,
-            format!("buffer is on device {} but the stream on device {}", d.ordinal(), stream.device().ordinal()),
-        ));
+        return Err(device_mismatch(call, stream.device(), d));
     }
     Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn device_mismatch(call: &'static str, stream: Device, d: Device) -> Error {
+    Error::invalid(call, format!("buffer is on device {} but the stream on device {}", d.ordinal(), stream.ordinal()))
 }
 
 impl Stream {
@@ -825,7 +837,7 @@ impl Stream {
     /// # Errors
     /// [`Error::InvalidArgument`] on a length or device mismatch; the runtime's error.
     pub fn copy_to_device<'a, T: Pod>(
-        &self,
+        &'a self,
         src: &'a (impl HostSource<T> + ?Sized),
         dst: &'a mut (impl DeviceSink<T> + ?Sized),
     ) -> Result<Pending<'a>> {
@@ -834,7 +846,7 @@ impl Stream {
         same_len("Stream::copy_to_device", n, m)?;
         same_device("Stream::copy_to_device", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(Some(sf), df, |raw_stream| {
+        self.enqueue(Some(sf), df, |q| {
             if bytes == 0 {
                 return Ok(());
             }
@@ -842,7 +854,7 @@ impl Stream {
             // kept alive and unwritten by its owner until the fence clears;
             // destination is device memory of this stream's device, ordered by
             // its fence.
-            unsafe { raw::memcpy_async(d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyHostToDevice, raw_stream) }
+            unsafe { raw::memcpy_async(q, d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyHostToDevice) }
         })
     }
 
@@ -851,7 +863,7 @@ impl Stream {
     /// # Errors
     /// As [`Stream::copy_to_device`].
     pub fn copy_to_host<'a, T: Pod>(
-        &self,
+        &'a self,
         src: &'a (impl DeviceSource<T> + ?Sized),
         dst: &'a mut (impl HostSink<T> + ?Sized),
     ) -> Result<Pending<'a>> {
@@ -860,13 +872,13 @@ impl Stream {
         same_len("Stream::copy_to_host", n, m)?;
         same_device("Stream::copy_to_host", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(Some(sf), df, |raw_stream| {
+        self.enqueue(Some(sf), df, |q| {
             if bytes == 0 {
                 return Ok(());
             }
             // SAFETY: as in copy_to_device, with the pinned buffer written: no
             // host access to it until its fence clears.
-            unsafe { raw::memcpy_async(d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyDeviceToHost, raw_stream) }
+            unsafe { raw::memcpy_async(q, d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyDeviceToHost) }
         })
     }
 
@@ -875,7 +887,7 @@ impl Stream {
     /// # Errors
     /// As [`Stream::copy_to_device`].
     pub fn copy_device_to_device<'a, T: Pod>(
-        &self,
+        &'a self,
         src: &'a (impl DeviceSource<T> + ?Sized),
         dst: &'a mut (impl DeviceSink<T> + ?Sized),
     ) -> Result<Pending<'a>> {
@@ -885,14 +897,12 @@ impl Stream {
         same_device("Stream::copy_device_to_device", self, sdev)?;
         same_device("Stream::copy_device_to_device", self, ddev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(Some(sf), df, |raw_stream| {
+        self.enqueue(Some(sf), df, |q| {
             if bytes == 0 {
                 return Ok(());
             }
             // SAFETY: both ranges are device memory of this device, ordered by fences.
-            unsafe {
-                raw::memcpy_async(d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyDeviceToDevice, raw_stream)
-            }
+            unsafe { raw::memcpy_async(q, d.cast(), s.cast(), bytes, cudaMemcpyKind::cudaMemcpyDeviceToDevice) }
         })
     }
 
@@ -900,16 +910,16 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] on a device mismatch; the runtime's error.
-    pub fn memset<'a, T: Pod>(&self, dst: &'a mut (impl DeviceSink<T> + ?Sized), byte: u8) -> Result<Pending<'a>> {
+    pub fn memset<'a, T: Pod>(&'a self, dst: &'a mut (impl DeviceSink<T> + ?Sized), byte: u8) -> Result<Pending<'a>> {
         let (d, n, df, dev) = dst.device_dst();
         same_device("Stream::memset", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(None, df, |raw_stream| {
+        self.enqueue(None, df, |q| {
             if bytes == 0 {
                 return Ok(());
             }
             // SAFETY: device memory of this device, ordered by its fence.
-            unsafe { raw::memset_async(d.cast::<c_void>(), byte, bytes, raw_stream) }
+            unsafe { raw::memset_async(q, d.cast::<c_void>(), byte, bytes) }
         })
     }
 }

@@ -1,5 +1,5 @@
 //! The result layer: each CUDA runtime call this crate makes, wrapped to return
-//! [`Result`]. This module and `memory.rs` hold the crate's `unsafe` code; the
+//! [`Result`]. This module, `memory.rs` and `sync.rs` (a spin lock) hold the crate's `unsafe` code; the
 //! rest is written against these functions.
 //!
 //! Functions whose arguments are plain values are safe. Functions taking host
@@ -8,6 +8,14 @@
 use crate::error::{Error, Result};
 use cuda_sys::{Api, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaStream_t};
 use std::ffi::{c_int, c_uint, c_void};
+
+/// Where an asynchronous call goes: a stream, with the function table its
+/// owner fetched once (the per-copy path then skips [`api`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Queue {
+    pub(crate) api: &'static Api,
+    pub(crate) stream: cudaStream_t,
+}
 
 /// The loaded runtime's function table.
 pub(crate) fn api() -> Result<&'static Api> {
@@ -167,15 +175,17 @@ pub(crate) unsafe fn memcpy(dst: *mut c_void, src: *const c_void, bytes: usize, 
 }
 
 /// # Safety
-/// As [`memcpy`], for the whole time until the stream reaches the copy.
+/// As [`memcpy`], for the whole time until the stream reaches the copy. `q`
+/// comes from a live stream (see [`Queue`]).
+#[inline]
 pub(crate) unsafe fn memcpy_async(
+    q: Queue,
     dst: *mut c_void,
     src: *const c_void,
     bytes: usize,
     kind: cudaMemcpyKind,
-    stream: cudaStream_t,
 ) -> Result<()> {
-    let api = api()?;
+    let Queue { api, stream } = q;
     // SAFETY: the caller's contract.
     check("cudaMemcpyAsync", unsafe { (api.cudaMemcpyAsync)(dst, src, bytes, kind, stream) })
 }
@@ -190,8 +200,8 @@ pub(crate) unsafe fn memset(dst: *mut c_void, value: u8, bytes: usize) -> Result
 
 /// # Safety
 /// `dst` is device memory valid for `bytes` until the stream reaches the memset.
-pub(crate) unsafe fn memset_async(dst: *mut c_void, value: u8, bytes: usize, stream: cudaStream_t) -> Result<()> {
-    let api = api()?;
+pub(crate) unsafe fn memset_async(q: Queue, dst: *mut c_void, value: u8, bytes: usize) -> Result<()> {
+    let Queue { api, stream } = q;
     // SAFETY: the caller's contract.
     check("cudaMemsetAsync", unsafe { (api.cudaMemsetAsync)(dst, c_int::from(value), bytes, stream) })
 }

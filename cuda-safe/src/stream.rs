@@ -9,8 +9,9 @@
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::raw;
-use cuda_sys::{cudaEvent_t, cudaStream_t};
+use crate::raw::{self, Queue};
+use crate::sync::SpinLock;
+use cuda_sys::{Api, cudaEvent_t, cudaStream_t};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +23,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 pub(crate) struct StreamInner {
     raw: cudaStream_t,
+    /// The runtime's function table, fetched once for the per-copy path.
+    api: &'static Api,
     device: Device,
     owned: bool,
     /// Operations enqueued so far; an operation's number is the value after it.
@@ -39,6 +42,7 @@ unsafe impl Send for StreamInner {}
 unsafe impl Sync for StreamInner {}
 
 impl StreamInner {
+    #[inline]
     fn is_done(&self, seq: u64) -> bool {
         self.completed.load(Ordering::Acquire) >= seq
     }
@@ -57,6 +61,9 @@ impl StreamInner {
     }
 
     /// Makes later work on `self` wait for operation `seq` of `other`.
+    /// Rare (buffers shared between streams), so out of the per-copy path.
+    #[cold]
+    #[inline(never)]
     fn order_after(&self, other: &StreamInner, seq: u64) -> Result<()> {
         if std::ptr::eq(self, other) || other.is_done(seq) {
             return Ok(()); // a stream runs its work in order
@@ -79,8 +86,14 @@ impl StreamInner {
     }
 
     /// Runs `enqueue` (one CUDA call on this stream; its device is current) and numbers it.
-    fn submit(&self, enqueue: impl FnOnce(cudaStream_t) -> Result<()>) -> Result<u64> {
-        enqueue(self.raw)?;
+    ///
+    /// The number is taken after the call, so every operation numbered up to a
+    /// value read from `submitted` was enqueued before that read. (Two threads
+    /// may number their operations in the other order than CUDA queued them;
+    /// nothing relies on the order, only on that rule.)
+    #[inline]
+    fn submit(&self, enqueue: impl FnOnce(Queue) -> Result<()>) -> Result<u64> {
+        enqueue(Queue { api: self.api, stream: self.raw })?;
         Ok(self.submitted.fetch_add(1, Ordering::AcqRel) + 1)
     }
 }
@@ -119,12 +132,12 @@ struct FenceState {
 /// nothing relies on a guard's `Drop` running.
 #[derive(Default)]
 pub struct Fence {
-    state: Mutex<FenceState>,
+    state: SpinLock<FenceState>,
 }
 
 impl std::fmt::Debug for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = lock(&self.state);
+        let s = self.state.lock();
         f.debug_struct("Fence").field("writes", &s.write.is_some()).field("reads", &s.reads.len()).finish()
     }
 }
@@ -132,10 +145,10 @@ impl std::fmt::Debug for Fence {
 impl Fence {
     /// Blocks until no stream writes the buffer any more (host reads may go on).
     pub(crate) fn wait_writes(&self) -> Result<()> {
-        let w = lock(&self.state).write.clone();
+        let w = self.state.lock().write.clone();
         if let Some(u) = w {
             u.stream.wait_for(u.seq)?;
-            let mut s = lock(&self.state);
+            let mut s = self.state.lock();
             if s.write.as_ref().is_some_and(|x| Arc::ptr_eq(&x.stream, &u.stream) && x.seq <= u.seq) {
                 s.write = None;
             }
@@ -146,10 +159,10 @@ impl Fence {
     /// Blocks until no stream uses the buffer at all.
     pub(crate) fn wait_all(&self) -> Result<()> {
         self.wait_writes()?;
-        let reads = std::mem::take(&mut lock(&self.state).reads);
+        let reads = std::mem::take(&mut self.state.lock().reads);
         for (i, u) in reads.iter().enumerate() {
             if let Err(e) = u.stream.wait_for(u.seq) {
-                lock(&self.state).reads.extend(reads[i..].iter().cloned());
+                self.state.lock().reads.extend(reads[i..].iter().cloned());
                 return Err(e);
             }
         }
@@ -158,18 +171,22 @@ impl Fence {
 
     /// True when no stream uses the buffer (by what is known without asking CUDA).
     pub fn is_idle(&self) -> bool {
-        let s = lock(&self.state);
+        let s = self.state.lock();
         s.write.as_ref().is_none_or(|u| u.stream.is_done(u.seq)) && s.reads.iter().all(|u| u.stream.is_done(u.seq))
     }
 
     /// A use that `on` must be ordered after: on another stream, not known done.
+    #[inline]
     fn pending_elsewhere(u: &Use, on: &StreamInner) -> bool {
         !std::ptr::eq(&*u.stream, on) && !u.stream.is_done(u.seq)
     }
 }
 
 impl FenceState {
+    // The per-copy path: these are inline, with the rare cases out of line.
+
     /// Orders `on` after the last write (for an operation reading the buffer).
+    #[inline]
     fn order_read(&self, on: &StreamInner) -> Result<()> {
         match &self.write {
             Some(u) if Fence::pending_elsewhere(u, on) => on.order_after(&u.stream, u.seq),
@@ -178,7 +195,18 @@ impl FenceState {
     }
 
     /// Orders `on` after every use (for an operation writing the buffer).
+    #[inline]
     fn order_write(&self, on: &StreamInner) -> Result<()> {
+        match &self.write {
+            Some(u) if Fence::pending_elsewhere(u, on) => self.order_write_slow(on),
+            _ if !self.reads.is_empty() => self.order_write_slow(on),
+            _ => Ok(()),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn order_write_slow(&self, on: &StreamInner) -> Result<()> {
         for u in self.write.iter().chain(self.reads.iter()) {
             if Fence::pending_elsewhere(u, on) {
                 on.order_after(&u.stream, u.seq)?;
@@ -187,7 +215,18 @@ impl FenceState {
         Ok(())
     }
 
+    /// Records a read by operation `seq` of `stream`.
+    #[inline]
     fn note_read(&mut self, stream: &Arc<StreamInner>, seq: u64) {
+        match self.reads.first_mut() {
+            Some(u) if Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
+            _ => self.note_read_slow(stream, seq),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_read_slow(&mut self, stream: &Arc<StreamInner>, seq: u64) {
         if let Some(u) = self.reads.iter_mut().find(|u| Arc::ptr_eq(&u.stream, stream)) {
             u.seq = seq;
             return;
@@ -196,10 +235,19 @@ impl FenceState {
         self.reads.push(Use { stream: stream.clone(), seq });
     }
 
+    /// Records a write by operation `seq` of `stream` (it follows every earlier use).
+    #[inline]
     fn note_write(&mut self, stream: &Arc<StreamInner>, seq: u64) {
-        if !self.reads.is_empty() {
-            self.reads.clear();
+        match &mut self.write {
+            Some(u) if self.reads.is_empty() && Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
+            _ => self.note_write_slow(stream, seq),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_write_slow(&mut self, stream: &Arc<StreamInner>, seq: u64) {
+        self.reads.clear();
         match &mut self.write {
             Some(u) if Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
             w => *w = Some(Use { stream: stream.clone(), seq }),
@@ -261,14 +309,16 @@ impl Stream {
     pub fn with_options(device: &Device, options: StreamOptions) -> Result<Stream> {
         device.ensure_current()?;
         let flags = if options.non_blocking { cuda_sys::cudaStreamNonBlocking } else { cuda_sys::cudaStreamDefault };
+        let api = raw::api()?;
         let raw = raw::stream_create(flags, options.priority)?;
-        Ok(Stream::wrap(raw, *device, true))
+        Ok(Stream::wrap(raw, api, *device, true))
     }
 
-    fn wrap(raw: cudaStream_t, device: Device, owned: bool) -> Stream {
+    fn wrap(raw: cudaStream_t, api: &'static Api, device: Device, owned: bool) -> Stream {
         Stream {
             inner: Arc::new(StreamInner {
                 raw,
+                api,
                 device,
                 owned,
                 submitted: AtomicU64::new(0),
@@ -284,8 +334,12 @@ impl Stream {
     /// # Safety
     /// `raw` is a live stream of `device` (or null) and stays live while this
     /// value or a buffer used on it exists; with `owned`, nothing else destroys it.
-    pub unsafe fn from_raw(raw: cudaStream_t, device: Device, owned: bool) -> Stream {
-        Stream::wrap(raw, device, owned)
+    ///
+    /// # Errors
+    /// [`Error::Load`] when this crate cannot load the runtime (it makes its
+    /// calls through [`cuda_sys::runtime`], whoever made the stream).
+    pub unsafe fn from_raw(raw: cudaStream_t, device: Device, owned: bool) -> Result<Stream> {
+        Ok(Stream::wrap(raw, raw::api()?, device, owned))
     }
 
     /// The raw handle, for calls this crate does not wrap. Work enqueued through
@@ -345,11 +399,14 @@ impl Stream {
             return Err(Error::invalid("Stream::record", "the event belongs to another device"));
         }
         self.inner.device.ensure_current()?;
-        let seq = self.inner.submit(|s| {
-            // SAFETY: both handles are live and of the same device.
-            unsafe { raw::event_record(event.raw, s) }
-        })?;
-        *lock(&event.recorded) = Some(Use { stream: self.inner.clone(), seq });
+        // Every operation numbered up to `before` was enqueued before the
+        // record (see `submit`), so the event completing proves them done. The
+        // record's own number could not prove that: another thread may number
+        // its operation first and enqueue it after the record.
+        let before = self.inner.submitted.load(Ordering::Acquire);
+        // SAFETY: both handles are live and of the same device.
+        unsafe { raw::event_record(event.raw, self.inner.raw) }?;
+        *lock(&event.recorded) = Some(Use { stream: self.inner.clone(), seq: before });
         Ok(())
     }
 
@@ -377,9 +434,9 @@ impl Stream {
         }
         self.inner.device.ensure_current()?;
         let data = Box::into_raw(Box::new(f)).cast::<c_void>();
-        let res = self.inner.submit(|s| {
+        let res = self.inner.submit(|q| {
             // SAFETY: the trampoline takes back the box once; F is Send + 'static.
-            unsafe { raw::launch_host_func(s, trampoline::<F>, data) }
+            unsafe { raw::launch_host_func(q.stream, trampoline::<F>, data) }
         });
         if res.is_err() {
             // SAFETY: the runtime refused the call, so it never took `data`.
@@ -400,16 +457,17 @@ impl Stream {
     /// buffer). Locks are taken in one order (read, then the streams' `cross`
     /// events), and a written fence is never locked by anyone else meanwhile,
     /// so no cycle can form.
+    #[inline]
     pub(crate) fn enqueue<'a>(
-        &self,
+        &'a self,
         read: Option<&Fence>,
         write: &mut Fence,
-        enqueue: impl FnOnce(cudaStream_t) -> Result<()>,
+        enqueue: impl FnOnce(Queue) -> Result<()>,
     ) -> Result<Pending<'a>> {
         let on = &self.inner;
         on.device.ensure_current()?;
-        let w = write.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let mut r = read.map(|f| lock(&f.state));
+        let w = write.state.get_mut();
+        let mut r = read.map(|f| f.state.lock());
         if let Some(r) = &r {
             r.order_read(on)?;
         }
@@ -419,19 +477,20 @@ impl Stream {
             r.note_read(on, seq);
         }
         w.note_write(on, seq);
-        Ok(Pending { stream: on.clone(), seq, _borrows: PhantomData })
+        Ok(Pending { stream: on, seq, _borrows: PhantomData })
     }
 }
 
 /// An operation given to a stream: [`Pending::wait`] blocks until it finished.
 ///
-/// It borrows the buffers the operation uses for `'a`, so the compiler rejects
-/// touching them from the host meanwhile. Dropping or leaking it does *not*
-/// wait and is always sound: each buffer's fence still makes host access and
-/// `Drop` wait for the operation, and orders other streams after it.
+/// It borrows the buffers the operation uses, and the stream, for `'a`, so the
+/// compiler rejects touching the buffers from the host meanwhile. Dropping or
+/// leaking it does *not* wait and is always sound: each buffer's fence still
+/// makes host access and `Drop` wait for the operation, and orders other
+/// streams after it.
 #[must_use = "an operation runs asynchronously: wait() for it, or drop it to keep the buffers fenced"]
 pub struct Pending<'a> {
-    stream: Arc<StreamInner>,
+    stream: &'a StreamInner,
     seq: u64,
     _borrows: PhantomData<&'a mut ()>,
 }

@@ -250,7 +250,7 @@ fn stream_from_raw() {
     let code = unsafe { (api().cudaStreamCreateWithFlags)(&mut raw, cuda_sys::cudaStreamNonBlocking) };
     assert_eq!(code.0, 0);
     // SAFETY: a live stream of `d`, owned by the wrapper from now on.
-    let s = unsafe { Stream::from_raw(raw, d, true) };
+    let s = unsafe { Stream::from_raw(raw, d, true) }.unwrap();
     assert_eq!(s.as_raw(), raw);
     let src = PinnedBuffer::from_slice(&[1u8, 2, 3, 4]).unwrap();
     let mut dst = DeviceBuffer::<u8>::new(&d, 4).unwrap();
@@ -260,7 +260,7 @@ fn stream_from_raw() {
 
     // The legacy default stream (null), not owned.
     // SAFETY: null is the legacy stream, live for the whole process.
-    let legacy = unsafe { Stream::from_raw(std::ptr::null_mut(), d, false) };
+    let legacy = unsafe { Stream::from_raw(std::ptr::null_mut(), d, false) }.unwrap();
     legacy.memset(&mut dst, 9).unwrap().wait().unwrap();
     let mut back = PinnedBuffer::<u8>::new(4).unwrap();
     legacy.copy_to_host(&dst, &mut back).unwrap().wait().unwrap();
@@ -702,6 +702,10 @@ fn cross_stream_ordering_without_manual_sync() {
     t.assert_clean();
 }
 
+// `Pending` has no `Drop` (by design: nothing may depend on one running), so
+// forgetting it is the same as dropping it. The test forgets anyway: it is the
+// caller's move that the safety model must survive, whatever `Pending` becomes.
+#[allow(clippy::forget_non_drop)]
 #[test]
 fn forgotten_pending_still_fenced() {
     let t = start();
@@ -746,18 +750,9 @@ fn forgotten_pending_still_fenced() {
     let mem = reg.into_inner().unwrap();
     assert_eq!(bytes.to_vec().unwrap(), &*mem);
 
-    // Each forgotten Pending kept a reference to the stream (a leak, as
-    // mem::forget means), so the stream outlives every handle: destroy it by
-    // hand so that nothing is left behind.
-    s.synchronize().unwrap();
-    let raw = s.as_raw();
+    // A forgotten Pending only borrowed the stream: forgetting it leaks
+    // nothing, and the stream goes with its last handle.
     drop((s, src, src2, buf, back, bytes, mem));
-    if let Some(c) = t.counters() {
-        assert_eq!(c.streams, 1, "{c:?}");
-    }
-    d.make_current().unwrap();
-    // SAFETY: the stream is idle and no reachable value uses its handle any more.
-    assert_eq!(unsafe { (api().cudaStreamDestroy)(raw) }.0, 0);
     t.assert_clean();
 }
 

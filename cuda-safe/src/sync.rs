@@ -1,0 +1,133 @@
+//! A small spin lock for the fences' state.
+//!
+//! A fence is locked on every asynchronous copy that reads its buffer, for a
+//! few dozen instructions (and, rarely, across two quick CUDA calls that order
+//! one stream after another). `std::sync::Mutex` costs two atomic
+//! read-modify-writes per lock (the unlock swaps, to find waiters); this lock
+//! costs one, the unlock being a plain release store. Contention is rare (two
+//! threads copying from the same buffer at once), so a waiter spins briefly and
+//! then yields its time slice. A guard that is leaked leaves the lock held:
+//! later lockers then wait forever, which is a hang, never unsoundness.
+
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Mutual exclusion around a `T`, with one atomic operation per lock.
+#[derive(Default)]
+pub(crate) struct SpinLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the lock hands out access to `value` to one thread at a time, so
+// sharing the lock shares only the ability to take turns; `T: Send` is what
+// moving the value's use between threads needs (as for `Mutex`).
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+// SAFETY: owning the lock owns the value.
+unsafe impl<T: Send> Send for SpinLock<T> {}
+
+impl<T> SpinLock<T> {
+    /// Takes the lock, waiting while another thread holds it.
+    #[inline]
+    pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
+        if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            self.lock_contended();
+        }
+        SpinGuard { lock: self }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) {
+        let mut spins = 0u32;
+        loop {
+            // Wait reading (no write traffic on the line) until it looks free.
+            while self.locked.load(Ordering::Relaxed) {
+                if spins < 200 {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// The value, through exclusive access to the lock: no locking needed.
+    #[inline]
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut()
+    }
+}
+
+/// Access to the locked value; dropping it releases the lock.
+pub(crate) struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the guard exists only while this thread holds the lock, so no
+        // other reference to the value is live.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`; `&mut self` makes this the only access through the guard.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SpinLock;
+    use std::sync::Arc;
+
+    #[test]
+    fn counts_under_contention() {
+        let l = Arc::new(SpinLock::<u64>::default());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        *l.lock() += 1;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        assert_eq!(*l.lock(), 80_000);
+    }
+
+    #[test]
+    fn leaked_guard_keeps_it_locked() {
+        let l = SpinLock::new_for_test(5u8);
+        std::mem::forget(l.lock());
+        assert!(l.locked.load(std::sync::atomic::Ordering::Relaxed));
+    }
+
+    impl<T> SpinLock<T> {
+        fn new_for_test(v: T) -> Self {
+            SpinLock { locked: Default::default(), value: std::cell::UnsafeCell::new(v) }
+        }
+    }
+}
