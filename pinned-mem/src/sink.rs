@@ -48,6 +48,9 @@ pub(crate) fn mask_streams(mask: StreamMask, streams: &[Stream]) -> Vec<&Stream>
 pub(crate) trait Sink: Send {
     /// Sent to the calling thread when `put` completes something (chunks).
     type Msg: Send;
+    /// True when `put` never sends a message: a lone agent may then run on the
+    /// calling thread, with nobody reading the channel.
+    const SILENT: bool;
     /// The streams a piece goes to.
     fn streams_for(&self, off: u64, len: u64) -> StreamMask;
     /// Enqueues the piece's copies.
@@ -110,6 +113,7 @@ pub(crate) struct DevicesSink<'a> {
 
 impl Sink for DevicesSink<'_> {
     type Msg = ();
+    const SILENT: bool = true;
     fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
         self.dsts.iter().fold(0, |m, (i, _)| m | 1 << i)
     }
@@ -137,6 +141,7 @@ pub(crate) struct ScratchSink<'a> {
 
 impl Sink for ScratchSink<'_> {
     type Msg = ();
+    const SILENT: bool = true;
     fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
         1 << self.stream
     }
@@ -201,6 +206,7 @@ impl ChunkSink<'_> {
 
 impl Sink for ChunkSink<'_> {
     type Msg = Chunk;
+    const SILENT: bool = false;
     fn streams_for(&self, off: u64, len: u64) -> StreamMask {
         let n = self.devices.len() as u64;
         if len == 0 {

@@ -59,11 +59,27 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// blocking-sync event wakes its waiter late, a fixed cost on every pass.
 const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
 
-/// Waits for `ev`, polling it for [`TAIL_SPIN`] before sleeping on it. Used
-/// only for the last waits of a pass, where nothing else hides the wake-up.
-fn wait_tail(ev: &Event) -> cuda_safe::Result<()> {
+/// The last piece of a pass is polled for as long as it takes to copy at this
+/// rate (a low one: a slower copy outlasts the polling and is slept on).
+const TAIL_POLL_RATE: f64 = 20e9;
+/// The longest the last piece is polled for.
+const TAIL_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long to poll for the last `bytes` of a pass: [`TAIL_SPIN`] plus their
+/// copy time at [`TAIL_POLL_RATE`], at most [`TAIL_SPIN_MAX`]. Polling one
+/// core for the last piece (about 1 ms of CPU for 64 MiB, once per pass) buys
+/// the pass the sleeping wake-up's latency, a fixed cost that shows most on
+/// passes over a kept registration.
+fn tail_spin(bytes: u64) -> std::time::Duration {
+    let copy = std::time::Duration::from_secs_f64(bytes as f64 / TAIL_POLL_RATE);
+    (TAIL_SPIN + copy).min(TAIL_SPIN_MAX)
+}
+
+/// Waits for `ev`, polling it for `spin` before sleeping on it. Used only for
+/// the last waits of a pass, where nothing else hides the wake-up.
+fn wait_tail(ev: &Event, spin: std::time::Duration) -> cuda_safe::Result<()> {
     let t = Instant::now();
-    while t.elapsed() < TAIL_SPIN {
+    while t.elapsed() < spin {
         if ev.query()? {
             return Ok(());
         }
@@ -72,7 +88,7 @@ fn wait_tail(ev: &Event) -> cuda_safe::Result<()> {
     ev.synchronize()
 }
 
-/// A progress callback: `(bytes done, bytes in all)`, called from worker threads.
+/// A progress callback: `(bytes done, bytes in all)`, called from worker threads (or the calling thread, for a pass served by a cached registration).
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// How a [`Streamer`] works.
@@ -95,7 +111,8 @@ pub struct StreamConfig {
     /// Copy the data back and compare it with the file ([`Report::verified`]).
     pub verify: bool,
     /// Called as copies complete, with `(bytes done, bytes in all)`, from worker
-    /// threads. It must be quick and must not call back into the streamer.
+    /// threads or the calling thread. It must be quick and must not call back
+    /// into the streamer (doing so fails with [`Error::InvalidArgument`]).
     pub progress: Option<Progress>,
 }
 
@@ -800,7 +817,27 @@ impl Streamer {
         let sink = Mutex::new(sink);
         let depth = 2 * self.streams.len() + 2;
 
+        // Copying again from a cached registration to devices needs one agent
+        // and no messages: it runs on this thread. A thread's start and its
+        // join would otherwise be a fixed cost of every such pass.
+        let inline = match (strategy, whole) {
+            (Strategy::WholeFile, Some(reg)) if S::SILENT => Some(WindowSrc::Whole { reg }),
+            _ => None,
+        };
+        if let Some(src) = inline {
+            // Nobody reads the channel: a SILENT sink never sends on it.
+            let (tx, _rx) = sync_channel::<S::Msg>(depth);
+            let agent = std::panic::AssertUnwindSafe(|| window_agent(&ctx, &claims, src, &sink, &tx));
+            match std::panic::catch_unwind(agent) {
+                Ok(r) => ctx.outcome(r),
+                // A panicking progress callback, as on an agent thread.
+                Err(p) => ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) }),
+            }
+        }
         std::thread::scope(|s| {
+            if inline.is_some() {
+                return;
+            }
             let (tx, rx) = sync_channel::<S::Msg>(depth);
             let mut handles = Vec::new();
             let windows = match strategy {
@@ -845,12 +882,7 @@ impl Streamer {
             drop(rx); // senders blocked on a full channel now fail and stop
             for h in handles {
                 if let Err(p) = h.join() {
-                    let message = p
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    ctx.fail(Error::WorkerPanicked { message });
+                    ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) });
                 }
             }
         });
@@ -866,7 +898,7 @@ impl Streamer {
             // Waits on an event (sleeping, not spinning); if that fails, the
             // stream itself is synchronized so nothing stays in flight, and the
             // first error is still reported.
-            if let Err(e) = stream.record(ev).and_then(|()| wait_tail(ev)) {
+            if let Err(e) = stream.record(ev).and_then(|()| wait_tail(ev, TAIL_SPIN)) {
                 ctx.fail(e.into());
                 if let Err(e) = stream.synchronize() {
                     ctx.fail(e.into());
@@ -890,6 +922,13 @@ impl Streamer {
         };
         Ok((report, sink))
     }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 fn kept(st: &State) -> u64 {
@@ -1053,7 +1092,7 @@ fn window_agent<S: Sink>(
         for (i, ev) in events[w.set].iter().enumerate() {
             if w.mask & (1 << i) != 0
                 && let Some(ev) = ev
-                && let Err(e) = if tail { wait_tail(ev) } else { ev.synchronize() }
+                && let Err(e) = if tail { wait_tail(ev, tail_spin(w.len)) } else { ev.synchronize() }
             {
                 res = res.and(Err(e.into()));
             }

@@ -511,6 +511,45 @@ fn progress_reports_every_byte() {
 }
 
 #[test]
+fn a_panicking_progress_callback_is_an_error() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("panic");
+    let (file, data) = data_file(&dir, 14, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let dev = Device::get(0).unwrap();
+    // Whole-file passes run their one agent on the calling thread, windows on
+    // an agent thread: a panic in the callback is the same error either way,
+    // and the streamer works on after it.
+    for strategy in [Strategy::WholeFile, Strategy::Windows { window: 256 << 10, in_flight: 3 }] {
+        let armed = Arc::new(AtomicBool::new(true));
+        let a = armed.clone();
+        let mut cfg = StreamConfig::new(strategy, budget.clone());
+        cfg.progress = Some(Arc::new(move |_, _| {
+            if a.swap(false, Ordering::AcqRel) {
+                panic!("progress callback panics (expected in this test)");
+            }
+        }));
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        for pass in 0..2 {
+            armed.store(true, Ordering::Release);
+            let e = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap_err();
+            match e {
+                Error::WorkerPanicked { message } => assert!(message.contains("expected in this test"), "{message}"),
+                e => panic!("{strategy} pass {pass}: {e}"),
+            }
+        }
+        let r = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+        assert_eq!(r.bytes, LEN as u64);
+        assert!(dst.to_vec().unwrap() == data, "{strategy}");
+        drop((s, dst));
+        assert_eq!(budget.used(), 0, "{strategy}");
+    }
+    t.assert_clean();
+}
+
+#[test]
 fn a_second_pass_reuses_the_registration() {
     let t = start();
     let _w = Watchdog::new(60);
