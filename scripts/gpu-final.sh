@@ -12,7 +12,7 @@ echo "suite rc=$?"
 grep -E "^=== all|FAILED|^failures:" "$out/suite.log"
 grep -E "^test result" "$out/suite.log" | awk '{p+=$4; f+=$6; i+=$8} END {print "tests passed", p, "failed", f, "ignored", i}'
 echo "== bench (goal runs + overhead)"
-timeout 120 .gpu/run.sh bench --overhead --only line-rate,budget-reuse,auto,windows,hybrid --out "$out" >"$out/bench.log" 2>&1
+timeout 120 .gpu/run.sh bench --overhead --only budget-reuse,auto,windows,hybrid --out "$out" >"$out/bench.log" 2>&1
 echo "bench rc=$?"
 sed -n '/^strategy/,/^(x line/p;/^Safe-layer/,$p' "$out/bench.log" | grep -v "^H200 anchors\|^(from shared"
 echo "== overhead, three more runs"
