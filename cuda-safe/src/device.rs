@@ -14,8 +14,9 @@ thread_local! {
 /// makes it current before each call, so a value moved to another thread, or
 /// two GPUs in one program, never use the wrong device.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> cuda_safe::Result<()> {
+/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
 /// for d in cuda_safe::Device::all()? {
 ///     let (free, total) = d.mem_info()?;
 ///     println!("{}: {} ({free} of {total} bytes free)", d.ordinal(), d.name()?);

@@ -34,9 +34,10 @@
 //!
 //! # Example: double-buffered upload, with no `unsafe`
 //!
-//! ```no_run
+//! ```
 //! use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
 //! # fn main() -> cuda_safe::Result<()> {
+//! # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
 //! let dev = Device::get(0)?;
 //! let stream = Stream::new(&dev)?;
 //! let chunk = 1 << 20;
@@ -65,6 +66,12 @@
 //!
 //! The runtime is loaded at first use by [`cuda_sys::runtime`]; see there for
 //! the search order, or set `CUDA_SYS_RUNTIME`.
+//!
+//! The examples in these docs run as doctests on the emulated runtime (no GPU
+//! needed): a hidden first line,
+//! `cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?`,
+//! points the loader at it (cuda-sys's `emulator` feature, on for this crate's
+//! tests). Without that line they use the real runtime, unchanged.
 
 mod device;
 mod error;

@@ -86,8 +86,9 @@ pub trait DeviceSink<T: Pod>: sealed::Sealed {
 /// The host never dereferences it: copies move data in and out. `Drop` waits
 /// for every stream still using it, then frees it.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> cuda_safe::Result<()> {
+/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
 /// let dev = cuda_safe::Device::get(0)?;
 /// let mut d = cuda_safe::DeviceBuffer::<u32>::zeroed(&dev, 1024)?;
 /// d.copy_from_slice(&[7; 1024])?;            // synchronous, from pageable memory
@@ -351,8 +352,9 @@ impl PinnedFlags {
 /// Allocating it is slow (about 0.34 s per GiB on an H200) and synchronizes the
 /// device: allocate once and reuse it.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> cuda_safe::Result<()> {
+/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
 /// let mut p = cuda_safe::PinnedBuffer::<u8>::new(4096)?;
 /// p.as_mut_slice()?[0] = 42;
 /// assert_eq!(p.as_slice()?[0], 42);
@@ -651,8 +653,9 @@ impl RegisterFlags {
 /// the memory too, so a copy can never outlive what it reads. `Drop` waits for
 /// every stream still reading it, unregisters, then drops `M`.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> cuda_safe::Result<()> {
+/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
 /// use cuda_safe::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
 /// let dev = Device::get(0)?;
 /// let data: Box<[u8]> = vec![1u8; 1 << 20].into_boxed_slice();

@@ -270,8 +270,9 @@ pub struct StreamOptions {
 /// Cloning gives another handle to the same stream. A `Stream` may be sent to
 /// and shared between threads; it makes its device current for every call.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> cuda_safe::Result<()> {
+/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
 /// use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
 /// let dev = Device::get(0)?;
 /// let stream = Stream::new(&dev)?;
@@ -414,8 +415,9 @@ impl Stream {
     /// stream order. `f` must not call CUDA (the runtime forbids it and may
     /// deadlock). If the context is lost before it runs, `f` is leaked, not run.
     ///
-    /// ```no_run
+    /// ```
     /// # fn main() -> cuda_safe::Result<()> {
+    /// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
     /// let stream = cuda_safe::Stream::new(&cuda_safe::Device::get(0)?)?;
     /// let (tx, rx) = std::sync::mpsc::channel();
     /// stream.launch_host_fn(move || { let _ = tx.send("done"); })?;
@@ -544,8 +546,9 @@ pub struct EventOptions {
 
 /// A CUDA event: a point in a stream's work that the host or other streams can wait for.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> cuda_safe::Result<()> {
+/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
 /// use cuda_safe::{Device, Event, EventOptions, Stream};
 /// let dev = Device::get(0)?;
 /// let s = Stream::new(&dev)?;
