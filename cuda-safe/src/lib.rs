@@ -10,7 +10,7 @@
 //! Asynchronous copies outlive the call that starts them, so the obvious design
 //! (a guard borrowing the buffers, whose `Drop` waits) is unsound: `mem::forget`
 //! on the guard ends the borrow without the wait. This crate never relies on a
-//! destructor running. It combines two patterns:
+//! destructor running. It combines three patterns:
 //!
 //! 1. **Event-guarded owners.** Every buffer ([`DeviceBuffer`], [`PinnedBuffer`],
 //!    [`HostRegistration`]) owns a [`Fence`]: the last operation of each stream
@@ -21,8 +21,9 @@
 //!    caller leaks. If the wait itself fails (a lost context), `Drop` leaks the
 //!    memory rather than free what a copy might still touch.
 //! 2. **Borrows for the compiler.** Each asynchronous operation returns a
-//!    [`Pending`] that borrows its buffers, so the misuse is a compile error,
-//!    not a silent wait. Forgetting the `Pending` only ends the borrow; the
+//!    [`Pending`] that borrows its buffers (and its stream), so the misuse is
+//!    a compile error, not a silent wait. `Pending` has no `Drop` and owns
+//!    nothing: forgetting it only ends the borrow, and leaks nothing; the
 //!    fences still hold.
 //! 3. **Ownership passing for registered memory.** [`HostRegistration`] owns
 //!    the memory it registers: leaking the registration leaks the memory, so a
