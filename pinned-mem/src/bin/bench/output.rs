@@ -153,10 +153,12 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
             name: "safe-layer overhead",
             pass: Some(o.pct <= Overhead::GOAL_PCT),
             detail: format!(
-                "safe-layer overhead per 64 KiB async copy: cuda-safe {:.3} us vs raw cuda-sys {:.3} us CPU = {:+.1} % (goal <= {} %)",
+                "safe-layer overhead per 64 KiB async copy: cuda-safe {:.3} us vs raw cuda-sys {:.3} us CPU: {:+.1} % \
+                 (median over {} rounds of safe / raw in the same round; goal <= {} %)",
                 o.safe_cpu_us.median,
                 o.raw_cpu_us.median,
                 o.pct,
+                o.rounds,
                 Overhead::GOAL_PCT
             ),
         });
@@ -403,11 +405,12 @@ pub fn text(s: &Summary) -> String {
     if let Some(o) = s.overhead {
         let _ = writeln!(
             out,
-            "\nSafe-layer overhead{}: {} async 64 KiB H2D copies each way, {} interleaved rounds of {}; per copy, median (min-max):",
+            "\nSafe-layer overhead{}: {} async 64 KiB H2D copies each way, {} interleaved rounds of {}{}; per copy, median (min-max):",
             if s.gpu.emulated { " [EMULATED]" } else { "" },
             o.copies(),
             o.rounds,
-            o.batch
+            o.batch,
+            o.cpu.map(|c| format!(", thread kept on CPU {c}")).unwrap_or_default()
         );
         let _ = writeln!(
             out,
@@ -426,8 +429,8 @@ pub fn text(s: &Summary) -> String {
         );
         let _ = writeln!(
             out,
-            "  overhead {:+.1} % CPU per copy (per round: median {:+.1} %, {:+.1} .. {:+.1} %)",
-            o.pct, o.round_pct.median, o.round_pct.min, o.round_pct.max
+            "  overhead {:+.1} % CPU per copy (median of the rounds' safe / raw; rounds {:+.1} .. {:+.1} %; ratio of the overall medians {:+.1} %)",
+            o.pct, o.round_pct.min, o.round_pct.max, o.medians_pct
         );
     }
     let goals = goals(s);
@@ -708,6 +711,8 @@ pub fn json(sm: &Summary) -> String {
                     ("raw_wall_us_per_copy", stats_json(o.raw_wall_us)),
                     ("round_overhead_pct", stats_json(o.round_pct)),
                     ("overhead_pct", f(o.pct)),
+                    ("medians_overhead_pct", f(o.medians_pct)),
+                    ("cpu", opt(o.cpu, |c| Json::Int(c as u64))),
                 ])
             }),
         ),

@@ -1,13 +1,21 @@
 //! The safe layer's cost: CPU time per 64 KiB asynchronous host-to-device copy
 //! through cuda-safe (`Stream::copy_to_device` + `detach`) against a raw
 //! `cudaMemcpyAsync` through cuda-sys, in the same run, interleaved. A third
-//! variant, raw `cudaSetDevice` + `cudaMemcpyAsync`, shows how much of the
-//! difference is the safe layer making the device current on every call.
+//! variant, raw `cudaSetDevice` + `cudaMemcpyAsync`, shows what making the
+//! device current on every call would cost (cuda-safe caches it per thread).
+//!
+//! The time per copy drifts between rounds (seen on the H200: 1.5 us in some
+//! rounds, 2.4 us in others, for both sides alike), so the figure reported is
+//! paired: the median over rounds of safe / raw within the same round. The
+//! ratio of the two sides' overall medians is shown too; it can land the two
+//! medians in different modes. The thread stays on one CPU while it measures.
 
 use crate::rawcuda;
 use crate::runs::Bench;
 use crate::util::{Result, Stats, stats, thread_cpu_seconds};
 use cuda_safe::{DeviceBuffer, PinnedBuffer, Stream};
+use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu, sched_setaffinity};
+use nix::unistd::Pid;
 use std::time::Instant;
 
 pub const COPY_BYTES: usize = 64 << 10;
@@ -27,8 +35,41 @@ pub struct Overhead {
     pub raw_wall_us: Stats,
     /// Per-round overhead in percent (safe over raw CPU time, same round).
     pub round_pct: Stats,
-    /// Overhead of the medians, in percent.
+    /// The overhead, in percent: the median of the per-round figures.
     pub pct: f64,
+    /// The ratio of the overall medians, in percent (not paired).
+    pub medians_pct: f64,
+    /// The CPU the measuring thread was kept on, if it could be.
+    pub cpu: Option<usize>,
+}
+
+/// Keeps the calling thread on the CPU it runs on until dropped, then gives
+/// back its former affinity. Does nothing where affinity cannot be set.
+struct OnOneCpu {
+    former: Option<CpuSet>,
+    cpu: Option<usize>,
+}
+
+impl OnOneCpu {
+    fn here() -> OnOneCpu {
+        let me = Pid::from_raw(0);
+        let (Ok(former), Ok(cpu)) = (sched_getaffinity(me), sched_getcpu()) else {
+            return OnOneCpu { former: None, cpu: None };
+        };
+        let mut one = CpuSet::new();
+        if one.set(cpu).is_err() || sched_setaffinity(me, &one).is_err() {
+            return OnOneCpu { former: None, cpu: None };
+        }
+        OnOneCpu { former: Some(former), cpu: Some(cpu) }
+    }
+}
+
+impl Drop for OnOneCpu {
+    fn drop(&mut self) {
+        if let Some(f) = &self.former {
+            let _ = sched_setaffinity(Pid::from_raw(0), f);
+        }
+    }
 }
 
 impl Overhead {
@@ -51,7 +92,8 @@ fn safe_batch(stream: &Stream, src: &PinnedBuffer<u8>, dst: &mut DeviceBuffer<u8
 
 pub fn run(b: &mut Bench) -> Result<Overhead> {
     let dev = b.gpu.device;
-    let rounds = if b.opts.quick { 8 } else { 100 };
+    let rounds = if b.opts.quick { 8 } else { 200 };
+    let pinned = OnOneCpu::here();
     let mut src = PinnedBuffer::<u8>::new(COPY_BYTES)?;
     crate::data::fill_pattern(src.as_mut_slice()?, 3, 0);
     let mut dst_safe = DeviceBuffer::<u8>::new(&dev, COPY_BYTES)?;
@@ -92,10 +134,13 @@ pub fn run(b: &mut Bench) -> Result<Overhead> {
         safe_wall_us: stats(&sw),
         raw_wall_us: stats(&rw),
         round_pct: stats(&pct),
-        pct: (safe_cpu_us.median / raw_cpu_us.median.max(1e-12) - 1.0) * 100.0,
+        pct: stats(&pct).median,
+        medians_pct: (safe_cpu_us.median / raw_cpu_us.median.max(1e-12) - 1.0) * 100.0,
+        cpu: pinned.cpu,
     };
+    drop(pinned);
     b.progress.note(&format!(
-        "  overhead           cuda-safe {:.3} us vs raw {:.3} us CPU per 64 KiB copy: {:+.1} %{}",
+        "  overhead           cuda-safe {:.3} us vs raw {:.3} us CPU per 64 KiB copy: {:+.1} % (paired, per round){}",
         o.safe_cpu_us.median,
         o.raw_cpu_us.median,
         o.pct,
