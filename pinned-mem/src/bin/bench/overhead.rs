@@ -92,7 +92,7 @@ fn safe_batch(stream: &Stream, src: &PinnedBuffer<u8>, dst: &mut DeviceBuffer<u8
 
 pub fn run(b: &mut Bench) -> Result<Overhead> {
     let dev = b.gpu.device;
-    let rounds = if b.opts.quick { 8 } else { 200 };
+    let rounds = if b.opts.quick { 8 } else { 600 };
     let pinned = OnOneCpu::here();
     let mut src = PinnedBuffer::<u8>::new(COPY_BYTES)?;
     crate::data::fill_pattern(src.as_mut_slice()?, 3, 0);
