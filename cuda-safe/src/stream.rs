@@ -21,19 +21,25 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+// The fields a copy reads come first, and the whole fits one cache line
+// (64-byte aligned: a copy touches one line of it, after the driver's call
+// may have evicted it).
+#[repr(C, align(64))]
 pub(crate) struct StreamInner {
     raw: cudaStream_t,
     /// The runtime's function table, fetched once for the per-copy path.
     api: &'static Api,
-    device: Device,
-    owned: bool,
     /// Operations enqueued so far; an operation's number is the value after it.
     submitted: AtomicU64,
+    device: Device,
+    owned: bool,
     /// Every operation numbered up to this is known to have finished.
     completed: AtomicU64,
     /// An event re-recorded whenever another stream must wait for this one.
     cross: Mutex<Option<cudaEvent_t>>,
 }
+
+const _: () = assert!(std::mem::size_of::<StreamInner>() == 64, "StreamInner should fill one cache line");
 
 // SAFETY: CUDA stream and event handles may be used from any host thread; the
 // mutable state is atomics and a mutex.
@@ -120,10 +126,14 @@ struct Use {
     seq: u64,
 }
 
+/// The uses of one buffer. The first reading stream is kept inline (the
+/// per-copy path then touches no heap memory); more go to `more_reads`, which
+/// is empty whenever `read` is `None`.
 #[derive(Default)]
 struct FenceState {
     write: Option<Use>,
-    reads: Vec<Use>,
+    read: Option<Use>,
+    more_reads: Vec<Use>,
 }
 
 /// The record of which stream operations still use a buffer. Every buffer owns
@@ -138,7 +148,7 @@ pub struct Fence {
 impl std::fmt::Debug for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.state.lock();
-        f.debug_struct("Fence").field("writes", &s.write.is_some()).field("reads", &s.reads.len()).finish()
+        f.debug_struct("Fence").field("writes", &s.write.is_some()).field("reads", &s.reads().count()).finish()
     }
 }
 
@@ -159,10 +169,13 @@ impl Fence {
     /// Blocks until no stream uses the buffer at all.
     pub(crate) fn wait_all(&self) -> Result<()> {
         self.wait_writes()?;
-        let reads = std::mem::take(&mut self.state.lock().reads);
+        let reads = self.state.lock().take_reads();
         for (i, u) in reads.iter().enumerate() {
             if let Err(e) = u.stream.wait_for(u.seq) {
-                self.state.lock().reads.extend(reads[i..].iter().cloned());
+                let mut s = self.state.lock();
+                for u in &reads[i..] {
+                    s.restore_read(u);
+                }
                 return Err(e);
             }
         }
@@ -172,7 +185,7 @@ impl Fence {
     /// True when no stream uses the buffer (by what is known without asking CUDA).
     pub fn is_idle(&self) -> bool {
         let s = self.state.lock();
-        s.write.as_ref().is_none_or(|u| u.stream.is_done(u.seq)) && s.reads.iter().all(|u| u.stream.is_done(u.seq))
+        s.write.as_ref().is_none_or(|u| u.stream.is_done(u.seq)) && s.reads().all(|u| u.stream.is_done(u.seq))
     }
 
     /// A use that `on` must be ordered after: on another stream, not known done.
@@ -183,6 +196,24 @@ impl Fence {
 }
 
 impl FenceState {
+    fn reads(&self) -> impl Iterator<Item = &Use> {
+        self.read.iter().chain(self.more_reads.iter())
+    }
+
+    /// Puts back a read taken by `take_reads`, keeping a newer one of the same stream.
+    fn restore_read(&mut self, old: &Use) {
+        match self.read.iter_mut().chain(self.more_reads.iter_mut()).find(|u| Arc::ptr_eq(&u.stream, &old.stream)) {
+            Some(u) => u.seq = u.seq.max(old.seq),
+            None => self.note_read_slow(&old.stream, old.seq),
+        }
+    }
+
+    fn take_reads(&mut self) -> Vec<Use> {
+        let mut all = std::mem::take(&mut self.more_reads);
+        all.extend(self.read.take());
+        all
+    }
+
     // The per-copy path: these are inline, with the rare cases out of line.
 
     /// Orders `on` after the last write (for an operation reading the buffer).
@@ -199,7 +230,7 @@ impl FenceState {
     fn order_write(&self, on: &StreamInner) -> Result<()> {
         match &self.write {
             Some(u) if Fence::pending_elsewhere(u, on) => self.order_write_slow(on),
-            _ if !self.reads.is_empty() => self.order_write_slow(on),
+            _ if self.read.is_some() => self.order_write_slow(on),
             _ => Ok(()),
         }
     }
@@ -207,7 +238,7 @@ impl FenceState {
     #[cold]
     #[inline(never)]
     fn order_write_slow(&self, on: &StreamInner) -> Result<()> {
-        for u in self.write.iter().chain(self.reads.iter()) {
+        for u in self.write.iter().chain(self.reads()) {
             if Fence::pending_elsewhere(u, on) {
                 on.order_after(&u.stream, u.seq)?;
             }
@@ -218,7 +249,7 @@ impl FenceState {
     /// Records a read by operation `seq` of `stream`.
     #[inline]
     fn note_read(&mut self, stream: &Arc<StreamInner>, seq: u64) {
-        match self.reads.first_mut() {
+        match &mut self.read {
             Some(u) if Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
             _ => self.note_read_slow(stream, seq),
         }
@@ -227,19 +258,24 @@ impl FenceState {
     #[cold]
     #[inline(never)]
     fn note_read_slow(&mut self, stream: &Arc<StreamInner>, seq: u64) {
-        if let Some(u) = self.reads.iter_mut().find(|u| Arc::ptr_eq(&u.stream, stream)) {
+        if let Some(u) = self.read.iter_mut().chain(self.more_reads.iter_mut()).find(|u| Arc::ptr_eq(&u.stream, stream))
+        {
             u.seq = seq;
             return;
         }
-        self.reads.retain(|u| !u.stream.is_done(u.seq));
-        self.reads.push(Use { stream: stream.clone(), seq });
+        let mut kept = self.take_reads();
+        kept.retain(|u| !u.stream.is_done(u.seq));
+        kept.push(Use { stream: stream.clone(), seq });
+        // The newest reader goes inline: the next copy from it takes the fast path.
+        self.read = kept.pop();
+        self.more_reads = kept;
     }
 
     /// Records a write by operation `seq` of `stream` (it follows every earlier use).
     #[inline]
     fn note_write(&mut self, stream: &Arc<StreamInner>, seq: u64) {
         match &mut self.write {
-            Some(u) if self.reads.is_empty() && Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
+            Some(u) if self.read.is_none() && Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
             _ => self.note_write_slow(stream, seq),
         }
     }
@@ -247,7 +283,8 @@ impl FenceState {
     #[cold]
     #[inline(never)]
     fn note_write_slow(&mut self, stream: &Arc<StreamInner>, seq: u64) {
-        self.reads.clear();
+        self.read = None;
+        self.more_reads.clear();
         match &mut self.write {
             Some(u) if Arc::ptr_eq(&u.stream, stream) => u.seq = seq,
             w => *w = Some(Use { stream: stream.clone(), seq }),

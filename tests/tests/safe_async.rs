@@ -335,6 +335,40 @@ fn drop_waits_through_the_fence_before_freeing() {
     t.assert_clean();
 }
 
+/// One source read by three streams at once: its fence keeps every reader (the
+/// first inline, the others beside it), host writes wait for all three, and a
+/// stream reading again updates its own entry.
+#[test]
+fn one_source_read_by_several_streams() {
+    let t = start_emulated();
+    let d = Device::get(0).unwrap();
+    let streams = [Stream::new(&d).unwrap(), Stream::new(&d).unwrap(), Stream::new(&d).unwrap()];
+    let n = 1 << 16;
+    let mut src = PinnedBuffer::from_slice(&pattern(6, n)).unwrap();
+    let mut dsts: Vec<DeviceBuffer<u8>> = (0..3).map(|_| DeviceBuffer::new(&d, n).unwrap()).collect();
+    let emu = t.emu();
+    t.set_delay_us(DELAY_US / 10);
+    for (s, dst) in streams.iter().zip(dsts.iter_mut()) {
+        s.copy_to_device(&src, dst).unwrap().detach();
+    }
+    // The first stream reads again, into the second stream's buffer (ordered
+    // after that stream's write through the buffer's own fence).
+    streams[0].copy_to_device(&src, &mut dsts[1]).unwrap().detach();
+    let syncs = emu.call_count("cudaStreamSynchronize").unwrap();
+    // Writing the source from the host waits for every stream that reads it.
+    src.as_mut_slice().unwrap().fill(0xEE);
+    assert_eq!(emu.call_count("cudaStreamSynchronize").unwrap(), syncs + 3, "one wait per reading stream");
+    for dst in &dsts {
+        assert_eq!(dst.to_vec().unwrap(), pattern(6, n), "each copy read the bytes before the host wrote");
+    }
+    // Nothing reads it any more: the next host write waits for nothing.
+    let syncs = emu.call_count("cudaStreamSynchronize").unwrap();
+    src.as_mut_slice().unwrap().fill(0x11);
+    assert_eq!(emu.call_count("cudaStreamSynchronize").unwrap(), syncs);
+    drop((streams, src, dsts));
+    t.assert_clean();
+}
+
 /// The double-buffered upload of the crate docs under a long delay: each slot
 /// is refilled only once its previous copy finished.
 #[test]

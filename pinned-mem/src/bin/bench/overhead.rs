@@ -96,26 +96,33 @@ pub fn run(b: &mut Bench) -> Result<Overhead> {
     let pinned = OnOneCpu::here();
     let mut src = PinnedBuffer::<u8>::new(COPY_BYTES)?;
     crate::data::fill_pattern(src.as_mut_slice()?, 3, 0);
-    let mut dst_safe = DeviceBuffer::<u8>::new(&dev, COPY_BYTES)?;
-    let mut dst_raw = DeviceBuffer::<u8>::new(&dev, COPY_BYTES)?;
-    let (safe_stream, raw_stream) = (Stream::new(&dev)?, Stream::new(&dev)?);
+    let mut dsts = [DeviceBuffer::<u8>::new(&dev, COPY_BYTES)?, DeviceBuffer::<u8>::new(&dev, COPY_BYTES)?];
+    let streams = [Stream::new(&dev)?, Stream::new(&dev)?];
     // Warm-up: first calls load code and fill caches.
-    safe_batch(&safe_stream, &src, &mut dst_safe, BATCH)?;
-    rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, false)?;
-    rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, true)?;
+    for (stream, dst) in streams.iter().zip(dsts.iter_mut()) {
+        safe_batch(stream, &src, dst, BATCH)?;
+        rawcuda::raw_copies(stream, &src, dst, BATCH, false)?;
+        rawcuda::raw_copies(stream, &src, dst, BATCH, true)?;
+    }
     let per = |x: f64| x * 1e6 / BATCH as f64;
     let (mut sc, mut rc, mut rsc, mut sw, mut rw, mut pct) = (vec![], vec![], vec![], vec![], vec![], vec![]);
     for r in 0..rounds {
         b.progress.begin("overhead (cuda-safe vs raw cuda-sys)", r + 1, rounds);
-        // Alternate the order so that neither side always runs first.
+        // Each side takes each stream and destination half the time (a
+        // stream's own driver state must not count for or against a side),
+        // and each goes first half the time: all four cases equally often.
+        let (safe_i, raw_i) = if (r / 2) % 2 == 0 { (0, 1) } else { (1, 0) };
+        let [d0, d1] = &mut dsts;
+        let (dst_safe, dst_raw) = if safe_i == 0 { (d0, d1) } else { (d1, d0) };
+        let (safe_stream, raw_stream) = (&streams[safe_i], &streams[raw_i]);
         let (s, raw) = if r % 2 == 0 {
-            let s = safe_batch(&safe_stream, &src, &mut dst_safe, BATCH)?;
-            (s, rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, false)?)
+            let s = safe_batch(safe_stream, &src, dst_safe, BATCH)?;
+            (s, rawcuda::raw_copies(raw_stream, &src, dst_raw, BATCH, false)?)
         } else {
-            let raw = rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, false)?;
-            (safe_batch(&safe_stream, &src, &mut dst_safe, BATCH)?, raw)
+            let raw = rawcuda::raw_copies(raw_stream, &src, dst_raw, BATCH, false)?;
+            (safe_batch(safe_stream, &src, dst_safe, BATCH)?, raw)
         };
-        let raw_set = rawcuda::raw_copies(&raw_stream, &src, &mut dst_raw, BATCH, true)?;
+        let raw_set = rawcuda::raw_copies(raw_stream, &src, dst_raw, BATCH, true)?;
         sc.push(per(s.0));
         rc.push(per(raw.0));
         rsc.push(per(raw_set.0));
