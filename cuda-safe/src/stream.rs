@@ -437,6 +437,13 @@ impl Stream {
             return Err(Error::invalid("Stream::record", "the event belongs to another device"));
         }
         self.inner.device.ensure_current()?;
+        // Held across the record, so that what it notes is the record CUDA
+        // has as the latest (two threads recording one event could otherwise
+        // note them in the other order); a new generation tells a waiting
+        // `synchronize` that the record it waits for may not be the one it saw.
+        let mut rec = lock(&event.recorded);
+        rec.generation += 1;
+        rec.last = None;
         // Every operation numbered up to `before` was enqueued before the
         // record (see `submit`), so the event completing proves them done. The
         // record's own number could not prove that: another thread may number
@@ -444,7 +451,7 @@ impl Stream {
         let before = self.inner.submitted.load(Ordering::Acquire);
         // SAFETY: both handles are live and of the same device.
         unsafe { raw::event_record(event.raw, self.inner.raw) }?;
-        *lock(&event.recorded) = Some(Use { stream: self.inner.clone(), seq: before });
+        rec.last = Some(Use { stream: self.inner.clone(), seq: before });
         Ok(())
     }
 
@@ -559,7 +566,7 @@ impl Pending<'_> {
             return Ok(true);
         }
         let target = self.stream.submitted.load(Ordering::Acquire);
-        // SAFETY: the stream is live while the Arc is.
+        // SAFETY: the stream is live while it is borrowed.
         let idle = unsafe { raw::stream_query(self.stream.raw) }?;
         if idle {
             self.stream.completed.fetch_max(target, Ordering::AcqRel);
@@ -600,7 +607,16 @@ pub struct EventOptions {
 pub struct Event {
     raw: cudaEvent_t,
     device: Device,
-    recorded: Mutex<Option<Use>>,
+    recorded: Mutex<Recorded>,
+}
+
+/// What an event's latest record proves once it completed.
+#[derive(Default)]
+struct Recorded {
+    /// Bumped by every record.
+    generation: u64,
+    /// The stream and the operations the latest record follows.
+    last: Option<Use>,
 }
 
 // SAFETY: event handles may be used from any host thread; state is behind a mutex.
@@ -629,7 +645,7 @@ impl Event {
             flags |= cuda_sys::cudaEventBlockingSync;
         }
         let raw = raw::event_create(flags)?;
-        Ok(Event { raw, device: *device, recorded: Mutex::new(None) })
+        Ok(Event { raw, device: *device, recorded: Mutex::new(Recorded::default()) })
     }
 
     /// The raw handle.
@@ -651,9 +667,18 @@ impl Event {
     /// # Errors
     /// The runtime's error.
     pub fn synchronize(&self) -> Result<()> {
+        let (generation, last) = {
+            let rec = lock(&self.recorded);
+            (rec.generation, rec.last.clone())
+        };
         // SAFETY: the handle is live while `self` is.
         unsafe { raw::event_synchronize(self.raw) }?;
-        if let Some(u) = lock(&self.recorded).as_ref() {
+        // The record seen above is the one CUDA waited for only if no record
+        // came since (CUDA waits for the latest at the time of the call).
+        // Otherwise nothing is concluded: later waits ask the streams again.
+        if let Some(u) = last
+            && lock(&self.recorded).generation == generation
+        {
             u.stream.completed.fetch_max(u.seq, Ordering::AcqRel);
         }
         Ok(())

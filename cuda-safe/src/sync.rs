@@ -10,7 +10,9 @@
 //! later lockers then wait forever, which is a hang, never unsoundness.
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Mutual exclusion around a `T`, with one atomic operation per lock.
@@ -26,6 +28,11 @@ pub(crate) struct SpinLock<T> {
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 // SAFETY: owning the lock owns the value.
 unsafe impl<T: Send> Send for SpinLock<T> {}
+// No code that can unwind runs while the lock is held (its users only do
+// bookkeeping and non-panicking CUDA calls under it), so a value seen after a
+// panic elsewhere is consistent; as for `Mutex`, which marks itself so too.
+impl<T> RefUnwindSafe for SpinLock<T> {}
+impl<T> UnwindSafe for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
     /// Takes the lock, waiting while another thread holds it.
@@ -34,7 +41,7 @@ impl<T> SpinLock<T> {
         if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_contended();
         }
-        SpinGuard { lock: self }
+        SpinGuard { lock: self, _value: PhantomData }
     }
 
     #[cold]
@@ -67,6 +74,8 @@ impl<T> SpinLock<T> {
 /// Access to the locked value; dropping it releases the lock.
 pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
+    /// Sharing the guard shares `&T`: it is `Sync` only for `T: Sync`.
+    _value: PhantomData<&'a mut T>,
 }
 
 impl<T> Deref for SpinGuard<'_, T> {

@@ -63,6 +63,59 @@ fn types_are_send_and_sync() {
     send_sync::<cuda_safe::Pending<'static>>();
     send_sync::<cuda_safe::DeviceSlice<'static, u32>>();
     send_sync::<cuda_safe::DeviceSliceMut<'static, u32>>();
+    // Buffers may be used across catch_unwind, as with std's Mutex inside.
+    fn unwind_safe<T: std::panic::RefUnwindSafe + std::panic::UnwindSafe>() {}
+    unwind_safe::<Fence>();
+    unwind_safe::<DeviceBuffer<u8>>();
+    unwind_safe::<PinnedBuffer<f64>>();
+    unwind_safe::<HostRegistration<Box<[u8]>>>();
+}
+
+/// An event waited for on one thread while another thread records it on a
+/// second stream: the waiter must not take the new record's stream as done
+/// (CUDA waited for the record it saw, on the first stream). If it did, the
+/// host would read a pinned buffer that the second stream has still to fill.
+/// The streams are held back by host functions; the sleeps only order the
+/// threads (no timing is asserted, and a slow machine cannot make it fail).
+#[test]
+fn event_waited_while_rerecorded_elsewhere() {
+    let t = start();
+    let d = dev();
+    let (s1, s2) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let ev = Event::new(&d, EventOptions::default()).unwrap();
+    let n = 1 << 16;
+    let mut src = DeviceBuffer::<u32>::new(&d, n).unwrap();
+    src.copy_from_slice(&iota(n, 9)).unwrap();
+    let mut p = PinnedBuffer::<u32>::new(n).unwrap();
+    let (tx1, rx1) = std::sync::mpsc::channel::<()>();
+    let (tx2, rx2) = std::sync::mpsc::channel::<()>();
+    s1.launch_host_fn(move || {
+        let _ = rx1.recv();
+    })
+    .unwrap();
+    s2.launch_host_fn(move || {
+        let _ = rx2.recv();
+    })
+    .unwrap();
+    s2.copy_to_host(&src, &mut p).unwrap().detach(); // held back by gate 2
+    s1.record(&ev).unwrap(); // held back by gate 1
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(50));
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| ev.synchronize());
+        pause(); // the waiter is in cudaEventSynchronize, on s1's record
+        s2.record(&ev).unwrap(); // behind the copy into `p`
+        tx1.send(()).unwrap(); // s1's record completes: the waiter returns
+        pause();
+        let opener = scope.spawn(move || {
+            pause();
+            tx2.send(()).unwrap(); // only now may the copy into `p` run
+        });
+        assert_eq!(p.as_slice().unwrap(), &iota(n, 9)[..], "host read waited for s2's copy");
+        waiter.join().unwrap().unwrap();
+        opener.join().unwrap();
+    });
+    drop((s1, s2, ev, src, p));
+    t.assert_clean();
 }
 
 #[test]
