@@ -23,6 +23,7 @@
 //! per batch, not per window); in the hybrid, ring copies keep the copy engine
 //! busy meanwhile.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::ops::Range;
@@ -46,6 +47,11 @@ use crate::util::{Bytes, align_down, align_up, cpus, page_size, process_cpu_seco
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+thread_local! {
+    /// The streamer whose progress callback this thread is running (0: none).
+    static IN_CALLBACK: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Copies from a cached whole-file registration are enqueued in pieces of this
@@ -81,14 +87,15 @@ fn wait_tail(ev: &Event, spin: std::time::Duration) -> cuda_safe::Result<()> {
     let t = Instant::now();
     while t.elapsed() < spin {
         if ev.query()? {
-            return Ok(());
+            return ev.synchronize(); // at once; it also notes the streams' progress
         }
         std::hint::spin_loop();
     }
     ev.synchronize()
 }
 
-/// A progress callback: `(bytes done, bytes in all)`, called from worker threads (or the calling thread, for a pass served by a cached registration).
+/// A progress callback: `(bytes done, bytes in all)`, called from worker
+/// threads or the calling thread (whole-file passes run on it).
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// How a [`Streamer`] works.
@@ -111,8 +118,9 @@ pub struct StreamConfig {
     /// Copy the data back and compare it with the file ([`Report::verified`]).
     pub verify: bool,
     /// Called as copies complete, with `(bytes done, bytes in all)`, from worker
-    /// threads or the calling thread. It must be quick and must not call back
-    /// into the streamer (doing so fails with [`Error::InvalidArgument`]).
+    /// threads or the calling thread. It must be quick. Calling back into the
+    /// same streamer from it fails with [`Error::InvalidArgument`]; a panic in
+    /// it ends the transfer with [`Error::WorkerPanicked`].
     pub progress: Option<Progress>,
 }
 
@@ -597,14 +605,23 @@ impl Streamer {
 
     // ------------------------------------------------------------ internals
 
+    /// Takes the streamer for one call. A call from inside one of its own
+    /// callbacks is refused (it would wait for itself): on the calling thread
+    /// (chunk callbacks, the progress callback of an inline pass) the owner
+    /// says so, on an agent thread the progress callback's mark does.
     fn enter(&self, what: &'static str) -> Result<(Owner<'_>, MutexGuard<'_, State>)> {
         let me = std::thread::current().id();
-        if *lock(&self.owner) == Some(me) {
+        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(Cell::get) == self.id() {
             return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
         }
         let st = lock(&self.state);
         *lock(&self.owner) = Some(me);
         Ok((Owner(&self.owner, me), st))
+    }
+
+    /// This streamer's identity for [`IN_CALLBACK`] (its address; never 0).
+    fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     fn stream_of(&self, d: Device) -> Result<usize> {
@@ -812,14 +829,16 @@ impl Streamer {
             done: AtomicU64::new(0),
             total: len,
             progress: self.config.progress.as_deref(),
+            streamer: self.id(),
         };
         let claims = Claims::new(range.clone());
         let sink = Mutex::new(sink);
         let depth = 2 * self.streams.len() + 2;
 
-        // Copying again from a cached registration to devices needs one agent
-        // and no messages: it runs on this thread. A thread's start and its
-        // join would otherwise be a fixed cost of every such pass.
+        // A whole-file pass (from the registration the streamer keeps, made
+        // above if it was missing) to devices needs one agent and no messages:
+        // it runs on this thread. A thread's start and its join would otherwise
+        // be a fixed cost of every such pass.
         let inline = match (strategy, whole) {
             (Strategy::WholeFile, Some(reg)) if S::SILENT => Some(WindowSrc::Whole { reg }),
             _ => None,
@@ -984,6 +1003,8 @@ struct Ctx<'a> {
     total: u64,
     progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,
     window_events: &'a Mutex<Vec<Vec<Event>>>,
+    /// [`Streamer::id`] of the streamer running the transfer.
+    streamer: usize,
 }
 
 impl Ctx<'_> {
@@ -1003,13 +1024,22 @@ impl Ctx<'_> {
         self.abort.load(Ordering::Acquire)
     }
 
+    /// Counts `bytes` as landed and calls the progress callback, on whichever
+    /// thread landed them. A panic in the callback is this transfer's error
+    /// ([`Error::WorkerPanicked`]); the callback calling back into this
+    /// streamer gets [`Error::InvalidArgument`] (see [`Streamer::enter`]).
     fn progress(&self, bytes: u64) {
         if bytes == 0 {
             return;
         }
         let done = self.done.fetch_add(bytes, Ordering::AcqRel) + bytes;
         if let Some(p) = self.progress {
-            p(done.min(self.total), self.total);
+            let outer = IN_CALLBACK.with(|c| c.replace(self.streamer));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p(done.min(self.total), self.total)));
+            IN_CALLBACK.with(|c| c.set(outer));
+            if let Err(panic) = r {
+                self.fail(Error::WorkerPanicked { message: panic_message(panic.as_ref()) });
+            }
         }
     }
 }
@@ -1151,6 +1181,8 @@ fn window_agent<S: Sink>(
                 let mask = s.streams_for(r.start, len);
                 s.put(ctx.streams, &part, r.start, len as usize, &mut out).map(|()| mask)
             };
+            // An inline agent's channel has no reader (see `run`).
+            debug_assert!(!S::SILENT || out.is_empty(), "a SILENT sink sent a message");
             let mask = match &put {
                 Ok(m) => *m,
                 Err(_) => u64::MAX >> (64 - ctx.streams.len()), // cover whatever was enqueued

@@ -431,6 +431,35 @@ fn reentrant_calls_are_refused() {
     .unwrap();
     assert!(matches!(inner, Some(Err(Error::InvalidArgument { .. }))), "{inner:?}");
     drop(s);
+
+    // From a progress callback, which runs on an agent thread for windows and
+    // the ring, on the calling thread for the whole file: refused, not a hang.
+    for strategy in [
+        Strategy::Windows { window: 256 << 10, in_flight: 2 },
+        Strategy::Ring { slots: 4, slot: 128 << 10, threads: 2 },
+        Strategy::WholeFile,
+    ] {
+        let me = Arc::new(std::sync::OnceLock::<std::sync::Weak<Streamer>>::new());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (m, sn) = (me.clone(), seen.clone());
+        let mut cfg = StreamConfig::new(strategy, budget.clone());
+        cfg.progress = Some(Arc::new(move |_, _| {
+            if let Some(s) = m.get().and_then(std::sync::Weak::upgrade) {
+                sn.lock().unwrap().push(s.release_pins().map_err(|e| e.to_string()));
+            }
+        }));
+        let s = Arc::new(Streamer::new(&[dev], cfg).unwrap());
+        me.set(Arc::downgrade(&s)).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, 1 << 20).unwrap();
+        s.to_device(&file, 0..1 << 20, &mut dst).unwrap();
+        let seen = seen.lock().unwrap();
+        assert!(!seen.is_empty(), "{strategy}");
+        assert!(
+            seen.iter().all(|r| r.as_ref().is_err_and(|e| e.contains("inside a callback"))),
+            "{strategy}: {seen:?}"
+        );
+        drop((s, dst));
+    }
     t.assert_clean();
 }
 
@@ -518,15 +547,21 @@ fn a_panicking_progress_callback_is_an_error() {
     let (file, data) = data_file(&dir, 14, LEN);
     let budget = PinBudget::new(16 << 20);
     let dev = Device::get(0).unwrap();
-    // Whole-file passes run their one agent on the calling thread, windows on
-    // an agent thread: a panic in the callback is the same error either way,
-    // and the streamer works on after it.
-    for strategy in [Strategy::WholeFile, Strategy::Windows { window: 256 << 10, in_flight: 3 }] {
+    // Whole-file passes run their one agent on the calling thread, windows and
+    // the ring on agent threads, and the ring's last bytes are counted on the
+    // calling thread: a panic in the callback (on the first call, or on the
+    // last) is the same error everywhere, and the streamer works on after it.
+    let strategies = [
+        Strategy::WholeFile,
+        Strategy::Windows { window: 256 << 10, in_flight: 3 },
+        Strategy::Ring { slots: 4, slot: 128 << 10, threads: 2 },
+    ];
+    for (strategy, on_last) in strategies.into_iter().flat_map(|s| [(s, false), (s, true)]) {
         let armed = Arc::new(AtomicBool::new(true));
         let a = armed.clone();
         let mut cfg = StreamConfig::new(strategy, budget.clone());
-        cfg.progress = Some(Arc::new(move |_, _| {
-            if a.swap(false, Ordering::AcqRel) {
+        cfg.progress = Some(Arc::new(move |done, total| {
+            if (!on_last || done == total) && a.swap(false, Ordering::AcqRel) {
                 panic!("progress callback panics (expected in this test)");
             }
         }));
