@@ -5,8 +5,8 @@
 //! one stream after another). `std::sync::Mutex` costs two atomic
 //! read-modify-writes per lock (the unlock swaps, to find waiters); this lock
 //! costs one, the unlock being a plain release store. Contention is rare (two
-//! threads copying from the same buffer at once), so a waiter spins briefly and
-//! then yields its time slice. A guard that is leaked leaves the lock held:
+//! threads copying from the same buffer at once), so a waiter spins briefly,
+//! then yields its time slice, then sleeps in short steps. A guard that is leaked leaves the lock held:
 //! later lockers then wait forever, which is a hang, never unsoundness.
 
 use std::cell::UnsafeCell;
@@ -47,15 +47,19 @@ impl<T> SpinLock<T> {
     #[cold]
     #[inline(never)]
     fn lock_contended(&self) {
-        let mut spins = 0u32;
+        let mut waits = 0u32;
         loop {
-            // Wait reading (no write traffic on the line) until it looks free.
+            // Wait reading (no write traffic on the line) until it looks free:
+            // spin, then yield, then sleep (the holder may be in a CUDA call
+            // that waits for room in a full stream queue, for milliseconds).
             while self.locked.load(Ordering::Relaxed) {
-                if spins < 200 {
-                    spins += 1;
+                waits = waits.saturating_add(1);
+                if waits < 200 {
                     std::hint::spin_loop();
-                } else {
+                } else if waits < 300 {
                     std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
                 }
             }
             if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
