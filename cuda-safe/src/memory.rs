@@ -55,28 +55,37 @@ fn to_range(r: impl RangeBounds<usize>, len: usize, call: &'static str) -> Resul
 
 mod sealed {
     pub trait Sealed {}
+    /// The argument of the source and sink traits' methods. Only this crate
+    /// can make one, so only this crate can call them: they hand out a
+    /// buffer's fence (`&mut` for sinks), and safe code that could swap or
+    /// reset a fence could touch memory a copy still uses. (`Sealed` alone
+    /// stops other crates from implementing the traits, not from calling them.)
+    #[derive(Clone, Copy)]
+    pub struct Token(pub(super) ());
 }
+
+const TOKEN: sealed::Token = sealed::Token(());
 
 /// Host memory an asynchronous copy may read: pinned or registered only. A
 /// pageable `&[T]` does not implement it, so it cannot reach an async copy.
 pub trait HostSource<T: Pod>: sealed::Sealed {
     #[doc(hidden)]
-    fn host_src(&self) -> (*const T, usize, &Fence);
+    fn host_src(&self, _: sealed::Token) -> (*const T, usize, &Fence);
 }
 /// Host memory an asynchronous copy may write: pinned memory only.
 pub trait HostSink<T: Pod>: sealed::Sealed {
     #[doc(hidden)]
-    fn host_dst(&mut self) -> (*mut T, usize, &mut Fence);
+    fn host_dst(&mut self, _: sealed::Token) -> (*mut T, usize, &mut Fence);
 }
 /// Device memory an operation may read.
 pub trait DeviceSource<T: Pod>: sealed::Sealed {
     #[doc(hidden)]
-    fn device_src(&self) -> (*const T, usize, &Fence, Device);
+    fn device_src(&self, _: sealed::Token) -> (*const T, usize, &Fence, Device);
 }
 /// Device memory an operation may write.
 pub trait DeviceSink<T: Pod>: sealed::Sealed {
     #[doc(hidden)]
-    fn device_dst(&mut self) -> (*mut T, usize, &mut Fence, Device);
+    fn device_dst(&mut self, _: sealed::Token) -> (*mut T, usize, &mut Fence, Device);
 }
 
 // ---------------------------------------------------------------- device memory
@@ -207,7 +216,14 @@ impl<T: Pod> DeviceBuffer<T> {
         // buffer is exclusively borrowed and no stream uses it (fence waited).
         unsafe {
             raw::memcpy(self.ptr.cast(), src.as_ptr().cast(), size_of_val(src), cudaMemcpyKind::cudaMemcpyHostToDevice)
-        }
+        }?;
+        // From pageable memory, cudaMemcpy returns once `src` is staged; the
+        // DMA into the buffer may still run, on the legacy stream, which
+        // non-blocking streams do not wait for (CUDA's "API synchronization
+        // behavior"). Wait for it, as `zeroed` does after its memset, or a
+        // later copy on any stream could read stale bytes or be overwritten.
+        // SAFETY: null is the legacy stream of the current device.
+        unsafe { raw::stream_synchronize(std::ptr::null_mut()) }
     }
 
     /// Copies the contents out into `dst` (any host memory), synchronously,
@@ -290,27 +306,27 @@ impl<T: Pod> sealed::Sealed for DeviceSlice<'_, T> {}
 impl<T: Pod> sealed::Sealed for DeviceSliceMut<'_, T> {}
 
 impl<T: Pod> DeviceSource<T> for DeviceBuffer<T> {
-    fn device_src(&self) -> (*const T, usize, &Fence, Device) {
+    fn device_src(&self, _: sealed::Token) -> (*const T, usize, &Fence, Device) {
         (self.ptr, self.len, &self.fence, self.device)
     }
 }
 impl<T: Pod> DeviceSink<T> for DeviceBuffer<T> {
-    fn device_dst(&mut self) -> (*mut T, usize, &mut Fence, Device) {
+    fn device_dst(&mut self, _: sealed::Token) -> (*mut T, usize, &mut Fence, Device) {
         (self.ptr, self.len, &mut self.fence, self.device)
     }
 }
 impl<T: Pod> DeviceSource<T> for DeviceSlice<'_, T> {
-    fn device_src(&self) -> (*const T, usize, &Fence, Device) {
+    fn device_src(&self, _: sealed::Token) -> (*const T, usize, &Fence, Device) {
         (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
     }
 }
 impl<T: Pod> DeviceSource<T> for DeviceSliceMut<'_, T> {
-    fn device_src(&self) -> (*const T, usize, &Fence, Device) {
+    fn device_src(&self, _: sealed::Token) -> (*const T, usize, &Fence, Device) {
         (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
     }
 }
 impl<T: Pod> DeviceSink<T> for DeviceSliceMut<'_, T> {
-    fn device_dst(&mut self) -> (*mut T, usize, &mut Fence, Device) {
+    fn device_dst(&mut self, _: sealed::Token) -> (*mut T, usize, &mut Fence, Device) {
         (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &mut self.buf.fence, self.buf.device)
     }
 }
@@ -407,6 +423,10 @@ impl<T: Pod> PinnedBuffer<T> {
         }
         let ptr = raw::host_alloc(bytes, flags.bits())?.cast::<T>();
         if ptr.is_null() || !ptr.is_aligned() {
+            if !ptr.is_null() {
+                // SAFETY: just allocated by cudaHostAlloc and never handed out.
+                let _ = unsafe { raw::free_host(ptr.cast()) };
+            }
             return Err(Error::invalid("PinnedBuffer::new", "cudaHostAlloc returned a null or misaligned pointer"));
         }
         // SAFETY: `ptr` is valid for writes of `bytes` bytes, freshly allocated.
@@ -565,22 +585,22 @@ impl<T: Pod> sealed::Sealed for PinnedSlice<'_, T> {}
 impl<T: Pod> sealed::Sealed for PinnedSliceMut<'_, T> {}
 
 impl<T: Pod> HostSource<T> for PinnedBuffer<T> {
-    fn host_src(&self) -> (*const T, usize, &Fence) {
+    fn host_src(&self, _: sealed::Token) -> (*const T, usize, &Fence) {
         (self.ptr, self.len, &self.fence)
     }
 }
 impl<T: Pod> HostSink<T> for PinnedBuffer<T> {
-    fn host_dst(&mut self) -> (*mut T, usize, &mut Fence) {
+    fn host_dst(&mut self, _: sealed::Token) -> (*mut T, usize, &mut Fence) {
         (self.ptr, self.len, &mut self.fence)
     }
 }
 impl<T: Pod> HostSource<T> for PinnedSlice<'_, T> {
-    fn host_src(&self) -> (*const T, usize, &Fence) {
+    fn host_src(&self, _: sealed::Token) -> (*const T, usize, &Fence) {
         (self.ptr, self.len, self.fence)
     }
 }
 impl<T: Pod> HostSink<T> for PinnedSliceMut<'_, T> {
-    fn host_dst(&mut self) -> (*mut T, usize, &mut Fence) {
+    fn host_dst(&mut self, _: sealed::Token) -> (*mut T, usize, &mut Fence) {
         (self.ptr, self.len, self.fence)
     }
 }
@@ -797,7 +817,7 @@ impl<M: HostMemory> Drop for HostRegistration<M> {
 
 impl<M: HostMemory> sealed::Sealed for HostRegistration<M> {}
 impl<M: HostMemory> HostSource<u8> for HostRegistration<M> {
-    fn host_src(&self) -> (*const u8, usize, &Fence) {
+    fn host_src(&self, _: sealed::Token) -> (*const u8, usize, &Fence) {
         (self.ptr, self.len, &self.fence)
     }
 }
@@ -844,8 +864,8 @@ impl Stream {
         src: &'a (impl HostSource<T> + ?Sized),
         dst: &'a mut (impl DeviceSink<T> + ?Sized),
     ) -> Result<Pending<'a>> {
-        let (s, n, sf) = src.host_src();
-        let (d, m, df, dev) = dst.device_dst();
+        let (s, n, sf) = src.host_src(TOKEN);
+        let (d, m, df, dev) = dst.device_dst(TOKEN);
         same_len("Stream::copy_to_device", n, m)?;
         same_device("Stream::copy_to_device", self, dev)?;
         let bytes = n * size_of::<T>();
@@ -870,8 +890,8 @@ impl Stream {
         src: &'a (impl DeviceSource<T> + ?Sized),
         dst: &'a mut (impl HostSink<T> + ?Sized),
     ) -> Result<Pending<'a>> {
-        let (s, n, sf, dev) = src.device_src();
-        let (d, m, df) = dst.host_dst();
+        let (s, n, sf, dev) = src.device_src(TOKEN);
+        let (d, m, df) = dst.host_dst(TOKEN);
         same_len("Stream::copy_to_host", n, m)?;
         same_device("Stream::copy_to_host", self, dev)?;
         let bytes = n * size_of::<T>();
@@ -894,8 +914,8 @@ impl Stream {
         src: &'a (impl DeviceSource<T> + ?Sized),
         dst: &'a mut (impl DeviceSink<T> + ?Sized),
     ) -> Result<Pending<'a>> {
-        let (s, n, sf, sdev) = src.device_src();
-        let (d, m, df, ddev) = dst.device_dst();
+        let (s, n, sf, sdev) = src.device_src(TOKEN);
+        let (d, m, df, ddev) = dst.device_dst(TOKEN);
         same_len("Stream::copy_device_to_device", n, m)?;
         same_device("Stream::copy_device_to_device", self, sdev)?;
         same_device("Stream::copy_device_to_device", self, ddev)?;
@@ -914,7 +934,7 @@ impl Stream {
     /// # Errors
     /// [`Error::InvalidArgument`] on a device mismatch; the runtime's error.
     pub fn memset<'a, T: Pod>(&'a self, dst: &'a mut (impl DeviceSink<T> + ?Sized), byte: u8) -> Result<Pending<'a>> {
-        let (d, n, df, dev) = dst.device_dst();
+        let (d, n, df, dev) = dst.device_dst(TOKEN);
         same_device("Stream::memset", self, dev)?;
         let bytes = n * size_of::<T>();
         self.enqueue(None, df, |q| {
