@@ -180,6 +180,9 @@ impl PinBudget {
     pub(crate) fn watch(&self) -> PeakWatch {
         let mut s = lock(&self.inner.state);
         let w = Arc::new(Mutex::new(s.used));
+        // Passes that reserve nothing (a kept registration) never prune in
+        // `reserve`: prune the finished watches here too, or they pile up.
+        s.watches.retain(|w| w.strong_count() > 0);
         s.watches.push(Arc::downgrade(&w));
         PeakWatch(w)
     }

@@ -14,9 +14,11 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags};
 
+use crate::budget::Reservation;
 use crate::error::{Error, Result};
 use crate::range::Registry;
 use crate::util::{align_down, align_up, page_size};
@@ -312,6 +314,8 @@ impl MappedFile {
             offset: pages.start as usize,
             len: (pages.end - pages.start) as usize,
             locked: false,
+            reservation: None,
+            gone: Arc::new(AtomicBool::new(false)),
         })
     }
 }
@@ -326,11 +330,19 @@ impl Drop for MappedFile {
 
 /// Whole pages of a [`MappedFile`], owning a clone of its `Arc` so the mapping
 /// outlives any registration of them, optionally `mlock`-ed (unlocked on drop).
+///
+/// It also holds what must live exactly as long as its pages stay pinned: the
+/// budget's reservation for them. A registration that cannot be undone leaks
+/// the window, and with it the reservation (the pages stay pinned, so the
+/// budget stays charged); [`FileWindow::gone_flag`] tells whether that happened.
 pub(crate) struct FileWindow {
     file: Arc<MappedFile>,
     offset: usize,
     len: usize,
     locked: bool,
+    reservation: Option<Reservation>,
+    /// Set when the window is dropped (its registration, if any, undone).
+    gone: Arc<AtomicBool>,
 }
 
 impl FileWindow {
@@ -356,6 +368,16 @@ impl FileWindow {
     pub(crate) fn is_locked(&self) -> bool {
         self.locked
     }
+
+    /// Keeps `r` until the window is dropped (never, if it is leaked).
+    pub(crate) fn hold(&mut self, r: Reservation) {
+        self.reservation = Some(r);
+    }
+
+    /// Becomes true when the window is dropped; stays false if it is leaked.
+    pub(crate) fn gone_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.gone)
+    }
 }
 
 impl Drop for FileWindow {
@@ -364,6 +386,8 @@ impl Drop for FileWindow {
             // SAFETY: locked by `mlock` above, and still mapped (we hold the Arc).
             unsafe { crate::memlock::unlock(self.start(), self.len) };
         }
+        drop(self.reservation.take()); // the budget gets the pages back
+        self.gone.store(true, Ordering::Release);
     }
 }
 

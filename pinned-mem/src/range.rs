@@ -8,11 +8,12 @@
 //! inside it is refused with [`Error::Overlap`].
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use cuda_safe::{HostRegistration, PinnedSlice, RegisterFlags};
 
-use crate::budget::{PinBudget, Reservation};
+use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::{FileWindow, MappedFile};
 use crate::util::{align_down, align_up, page_size};
@@ -40,7 +41,10 @@ struct Entry {
     id: u64,
     pages: Range<u64>,
     portable: bool,
+    mlock: bool,
     reg: Weak<Registered>,
+    /// Unregistering failed twice: the pages stay registered for good.
+    leaked: bool,
 }
 
 /// The live registrations of one mapping (kept in [`MappedFile`]).
@@ -62,27 +66,37 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A registration shared by every [`PinnedRange`] inside it. Fields drop in
-/// order: the registration first (waits for copies, unregisters, unlocks, then
-/// drops its window's `Arc` of the mapping), then the budget, then the registry
-/// entry, so nobody registers these pages again before CUDA has forgotten them.
+/// order: the registration first (waits for copies, unregisters, then drops
+/// its window: unlock, the budget's reservation, the window's `Arc` of the
+/// mapping), then the registry entry, so nobody registers these pages again
+/// before CUDA has forgotten them.
 struct Registered {
     reg: HostRegistration<FileWindow>,
-    _reservation: Reservation,
     entry: EntryGuard,
     pages: Range<u64>,
     portable: bool,
 }
 
-/// Removes a registry entry when dropped (and wakes those waiting for it).
+/// Removes a registry entry when dropped (and wakes those waiting for it),
+/// unless its window was leaked: the entry then stays, marked, so that later
+/// registrations of these pages fail clearly instead of with CUDA's 712.
 struct EntryGuard {
     /// Keeps the mapping (and its registry) alive until the entry is gone.
     file: Arc<MappedFile>,
     id: u64,
+    /// The window's [`FileWindow::gone_flag`].
+    window_gone: Arc<AtomicBool>,
 }
 
 impl Drop for EntryGuard {
     fn drop(&mut self) {
-        lock(&self.file.registry.state).entries.retain(|e| e.id != self.id);
+        let mut st = lock(&self.file.registry.state);
+        if self.window_gone.load(Ordering::Acquire) {
+            st.entries.retain(|e| e.id != self.id);
+        } else if let Some(e) = st.entries.iter_mut().find(|e| e.id == self.id) {
+            e.leaked = true;
+        }
+        drop(st);
         self.file.registry.removed.notify_all();
     }
 }
@@ -90,11 +104,11 @@ impl Drop for EntryGuard {
 impl Registered {
     /// Unregisters (and unlocks) now, reporting CUDA's error. If unregistering
     /// fails, dropping the registration tries again; if that fails too, the
-    /// window (and with it the mapping) is leaked rather than unmapped under a DMA.
+    /// window is leaked rather than unmapped under a DMA, and with it the
+    /// mapping and the budget's reservation for its pages (they stay pinned).
     fn release(self) -> Result<()> {
-        let Registered { reg, _reservation, entry, .. } = self;
+        let Registered { reg, entry, .. } = self;
         let res = reg.into_inner().map(drop).map_err(Error::from);
-        drop(_reservation);
         drop(entry);
         res
     }
@@ -192,6 +206,13 @@ impl PinnedRange {
             let mut dying = false;
             let mut found = None;
             for e in st.entries.iter().filter(|e| e.pages.start < pages.end && pages.start < e.pages.end) {
+                if e.leaked {
+                    return Err(Error::Overlap {
+                        requested: range,
+                        existing: e.pages.clone(),
+                        reason: "unregistering those pages failed earlier (a CUDA error), so they stay registered",
+                    });
+                }
                 let Some(reg) = e.reg.upgrade() else {
                     dying = true; // being released right now: wait for it to go
                     continue;
@@ -203,6 +224,13 @@ impl PinnedRange {
                             requested: range,
                             existing: e.pages.clone(),
                             reason: "it is registered without the Portable flag, which this range asks for",
+                        });
+                    }
+                    if opts.mlock && !e.mlock {
+                        return Err(Error::Overlap {
+                            requested: range,
+                            existing: e.pages.clone(),
+                            reason: "it is registered without mlock, which this range asks for",
                         });
                     }
                     found = Some(reg);
@@ -226,6 +254,8 @@ impl PinnedRange {
 
         let reservation = budget.reserve(pages.end - pages.start)?;
         let mut window = file.window(pages.clone())?;
+        window.hold(reservation);
+        let window_gone = window.gone_flag();
         if opts.mlock {
             window.mlock()?;
         }
@@ -238,12 +268,18 @@ impl PinnedRange {
         st.next_id += 1;
         let shared = Arc::new(Registered {
             reg,
-            _reservation: reservation,
-            entry: EntryGuard { file: Arc::clone(file), id },
+            entry: EntryGuard { file: Arc::clone(file), id, window_gone },
             pages: pages.clone(),
             portable: opts.portable,
         });
-        st.entries.push(Entry { id, pages, portable: opts.portable, reg: Arc::downgrade(&shared) });
+        st.entries.push(Entry {
+            id,
+            pages,
+            portable: opts.portable,
+            mlock: opts.mlock,
+            reg: Arc::downgrade(&shared),
+            leaked: false,
+        });
         drop(st);
         Ok((PinnedRange { shared, range }, true))
     }

@@ -739,14 +739,18 @@ impl FullSlot {
         streams: &[&Stream],
         enqueue: impl FnOnce(&SlotSource<'_>) -> Result<()>,
     ) -> Result<InFlightSlot> {
-        let Some(mut slot) = self.slot.take() else {
+        // From here on the slot is in flight, held as such: if `enqueue`
+        // panics, unwinding drops the holder, which gives the slot back to the
+        // ring as in flight (its fence covers whatever was enqueued), instead
+        // of losing it.
+        let mut in_flight = InFlightSlot { slot: self.slot.take(), ring: Arc::clone(&self.ring) };
+        let Some(slot) = in_flight.slot.as_mut() else {
             return Err(Error::invalid("FullSlot::submit", "the slot was already submitted"));
         };
         let res = enqueue(&SlotSource { buf: &slot.buf, data: self.data.clone() });
         // Recorded even when `enqueue` failed part-way: whatever it enqueued is covered.
         let rec = slot.record(streams);
         slot.unreported = self.data.len() as u64;
-        let in_flight = InFlightSlot { slot: Some(slot), ring: Arc::clone(&self.ring) };
         res?;
         rec?;
         Ok(in_flight)

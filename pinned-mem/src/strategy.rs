@@ -78,6 +78,8 @@ pub(crate) const HYBRID_IN_FLIGHT: usize = 4;
 const WINDOWS_IN_FLIGHT: usize = 4;
 /// Ring slots per ring thread in the hybrid.
 pub(crate) const HYBRID_SLOTS_PER_THREAD: usize = 2;
+/// The most filler or reader threads a strategy may ask for.
+pub(crate) const MAX_THREADS: usize = 1024;
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -105,18 +107,22 @@ impl Strategy {
     /// assert_eq!(Strategy::Ring { slots: 4, slot: 1 << 20, threads: 2 }.pinned_bytes(1 << 30), Some(4 << 20));
     /// ```
     pub fn pinned_bytes(&self, len: u64) -> Option<u64> {
-        let page = page_size();
-        Some(match *self {
+        // In u128, where no product of these can overflow; more than u64 holds
+        // reads as u64::MAX, which no budget grants.
+        let page = u128::from(page_size());
+        let up = |x: u128, a: u128| x.div_ceil(a) * a;
+        let n = |x: usize| x as u128;
+        let bytes = match *self {
             Strategy::Auto => return None,
-            Strategy::WholeFile => align_up(len, page) + page,
-            Strategy::Windows { window, in_flight } => align_up(window as u64, page) * in_flight as u64,
-            Strategy::Ring { slots, slot, .. } => slots as u64 * slot as u64,
+            Strategy::WholeFile => up(u128::from(len), page) + page,
+            Strategy::Windows { window, in_flight } => up(n(window), page) * n(in_flight),
+            Strategy::Ring { slots, slot, .. } => n(slots) * n(slot),
             Strategy::Hybrid { window, slot, threads } => {
-                align_up(window as u64, page) * HYBRID_IN_FLIGHT as u64
-                    + (threads * HYBRID_SLOTS_PER_THREAD) as u64 * slot as u64
+                up(n(window), page) * n(HYBRID_IN_FLIGHT) + n(threads) * n(HYBRID_SLOTS_PER_THREAD) * n(slot)
             }
-            Strategy::Direct { slots, slot, .. } => slots as u64 * align_up(slot as u64, DIRECT_ALIGN),
-        })
+            Strategy::Direct { slots, slot, .. } => n(slots) * up(n(slot), u128::from(DIRECT_ALIGN)),
+        };
+        Some(u64::try_from(bytes).unwrap_or(u64::MAX))
     }
 
     /// Checks the sizes and rounds them as the streamer uses them.
@@ -124,6 +130,12 @@ impl Strategy {
         let page = page_size() as usize;
         let round = |x: usize, a: usize| x.div_ceil(a).saturating_mul(a);
         let bad = |m: String| Err(Error::invalid("Strategy", m));
+        if let Strategy::Ring { threads, .. } | Strategy::Hybrid { threads, .. } | Strategy::Direct { threads, .. } =
+            self
+            && threads > MAX_THREADS
+        {
+            return bad(format!("{self:?}: at most {MAX_THREADS} threads"));
+        }
         match self {
             Strategy::Auto | Strategy::WholeFile => Ok(self),
             Strategy::Windows { window, in_flight } => {

@@ -704,7 +704,7 @@ impl Streamer {
             return Ok(r.clone());
         }
         st.ring = None;
-        self.make_room(st, slots as u64 * slot as u64, true, None);
+        self.make_room(st, (slots as u64).saturating_mul(slot as u64), true, None);
         let ring = PinnedRing::new(slots, slot, &self.config.budget)?;
         st.ring = Some(ring.clone());
         Ok(ring)
@@ -713,6 +713,9 @@ impl Streamer {
     /// The cached registration for `range`, made (whole file if it fits) when missing.
     fn whole(&self, st: &mut State, file: &Arc<MappedFile>, range: &Range<u64>, regs: &AtomicU64) -> Result<usize> {
         if let Some(i) = cached(st, file, range, self.portable) {
+            // As a fresh registration would: refuse a file truncated since
+            // (its lost pages would fault, or copy stale bytes).
+            file.check_has(range.end)?;
             let r = st.cache.remove(i);
             st.cache.push(r);
             return Ok(st.cache.len() - 1);

@@ -20,6 +20,8 @@
 //! | an empty file                           | `EmptyFile`                     | pinned_mapping.rs, here |
 //! | RLIMIT_MEMLOCK lower than the window    | `MemlockLimit` (+ remedies)     | pinned_range.rs (child), here (child) |
 //! | a request over the pin budget           | `BudgetExceeded` (+ remedy)     | pinned_range.rs, pinned_ring.rs, pinned_stream.rs, here |
+//! | strategy sizes whose product overflows  | `InvalidArgument` (no panic)    | here |
+//! | more than 1024 threads                  | `InvalidArgument`               | here |
 //! | a bad device index                      | `InvalidArgument` (the count)   | safe_api.rs, here |
 //! | an allocation larger than the device    | `cudaErrorMemoryAllocation` (+ hint) | safe_api.rs (1 PiB), here (total + 1) |
 //!
@@ -474,6 +476,31 @@ const CASES: &[Case] = &[
             let s = streamer(Strategy::Windows { window: 1 << 20, in_flight: 2 }, &budget);
             let mut dst = DeviceBuffer::<u8>::new(&dev(), LEN).unwrap();
             s.to_device(&f, 0..LEN as u64, &mut dst).unwrap_err().into()
+        },
+    },
+    Case {
+        name: "strategy sizes whose product overflows",
+        also: "",
+        place: Place::Here,
+        expect: Expect::Pinned("InvalidArgument", |e| matches!(e, Error::InvalidArgument { .. })),
+        says: &["overflows"],
+        run: |fx| {
+            let (f, _) = fx.file("overflow.bin", LEN);
+            let s =
+                streamer(Strategy::Ring { slots: usize::MAX, slot: usize::MAX, threads: 2 }, &PinBudget::unlimited());
+            let mut dst = DeviceBuffer::<u8>::new(&dev(), LEN).unwrap();
+            s.to_device(&f, 0..LEN as u64, &mut dst).unwrap_err().into()
+        },
+    },
+    Case {
+        name: "absurd thread counts",
+        also: "",
+        place: Place::Here,
+        expect: Expect::Pinned("InvalidArgument", |e| matches!(e, Error::InvalidArgument { .. })),
+        says: &["at most 1024 threads"],
+        run: |_| {
+            let strategy = Strategy::Ring { slots: 2, slot: 4096, threads: usize::MAX };
+            Streamer::new(&[dev()], StreamConfig::new(strategy, PinBudget::unlimited())).unwrap_err().into()
         },
     },
     Case {

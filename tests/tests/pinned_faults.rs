@@ -125,6 +125,36 @@ fn unregister_fault_is_reported_and_retried() {
     t.assert_clean();
 }
 
+/// Unregistering fails, and so does the retry: the window is leaked (never
+/// unmapped under a DMA), and so are the budget's bytes for it and its registry
+/// entry, because the pages really stay pinned. Registering them again is a
+/// clear error, not CUDA's 712 or a wait for an entry that never goes.
+#[test]
+fn unregister_failing_twice_keeps_the_pages_accounted() {
+    let t = start_emulated();
+    let dir = Dir::new("f-unreg2");
+    let (file, _) = data_file(&dir, 3);
+    let budget = PinBudget::new(4 << 20);
+    let r = PinnedRange::new(&file, 0..LEN as u64, PinOptions::default(), &budget).unwrap();
+    let pinned = budget.used();
+    assert!(pinned >= LEN as u64);
+    assert!(t.emu().inject_fault("cudaHostUnregister", 1, UNKNOWN, false));
+    assert!(t.emu().inject_fault("cudaHostUnregister", 2, UNKNOWN, false));
+    expect_call(r.release(), "cudaHostUnregister");
+    assert_eq!(budget.used(), pinned, "the pages stay pinned, so the budget stays charged");
+    match PinnedRange::new(&file, 4096..8192, PinOptions::default(), &budget) {
+        Err(Error::Overlap { reason, .. }) => assert!(reason.contains("stay registered"), "{reason}"),
+        r => panic!("expected Overlap, got {r:?}"),
+    }
+    // Undo the leaked registration by hand, so that the emulator's books close.
+    let base = file.as_bytes().as_ptr().cast_mut().cast();
+    // SAFETY: `base` is the start of the registration the library leaked (the
+    // range began at byte 0 of the mapping, which stays mapped: leaked too).
+    let code = unsafe { (cuda_sys::runtime().unwrap().api().cudaHostUnregister)(base) };
+    assert_eq!(code.0, 0);
+    t.assert_clean();
+}
+
 #[test]
 fn host_alloc_fault_in_the_ring() {
     let t = start_emulated();

@@ -206,8 +206,18 @@ fn errors_return_the_slot_to_the_ring() {
         let mut short = DeviceBuffer::<u8>::new(&dev, 10).unwrap();
         let e = ring.acquire().unwrap().copy_from(&[1; 20]).unwrap().copy_to_device(&stream, &mut short).unwrap_err();
         assert!(matches!(e, Error::Cuda(cuda_safe::Error::InvalidArgument { .. })), "{e}");
+        // A panic inside `submit`'s closure: the slot comes back too (in flight).
+        let full = ring.acquire().unwrap().copy_from(&[2; 10]).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            full.submit(&[&stream], |src| {
+                stream.copy_to_device(&src.all()?, &mut short)?.detach();
+                panic!("submit closure panics (expected in this test)");
+            })
+        }));
+        assert!(caught.is_err());
         ring.drain().unwrap();
         assert_eq!(ring.free_slots(), 2, "every slot came back");
+        assert_eq!(short.to_vec().unwrap(), [2; 10], "the copy enqueued before the panic ran");
         drop(ring);
     }
     t.assert_clean();

@@ -619,6 +619,28 @@ fn a_second_pass_reuses_the_registration() {
     t.assert_clean();
 }
 
+/// A file truncated after a pass: the next pass, served by the kept
+/// registration, refuses it as a fresh registration would (FileChanged),
+/// instead of copying from pages the file lost.
+#[test]
+fn a_kept_registration_checks_the_file_again() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("trunc");
+    let (file, _) = data_file(&dir, 15, LEN);
+    let budget = PinBudget::new(16 << 20);
+    let s = streamer(Strategy::WholeFile, &budget);
+    let dev = Device::get(0).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+    s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+    std::fs::OpenOptions::new().write(true).open(file.path()).unwrap().set_len((LEN / 2) as u64).unwrap();
+    let e = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap_err();
+    assert!(matches!(e, Error::FileChanged { .. }), "{e}");
+    drop((s, dst));
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
 #[test]
 fn cached_pins_make_room_for_other_work() {
     let t = start();
