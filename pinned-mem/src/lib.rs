@@ -46,6 +46,12 @@
 //! it under a DMA. `unsafe` lives in `mapping.rs` (mmap, munmap, madvise,
 //! mincore, the `HostMemory` impl) and `memlock.rs` (mlock, munlock).
 //!
+//! One precondition cannot be checked by any code: a shared file mapping's
+//! bytes belong to the file, which any process may write or truncate. So
+//! [`MappedFile::open`] is `unsafe`, with that contract (as `memmap2`'s
+//! `Mmap::map`): while mapped, nobody changes the file. Everything after it is
+//! safe, and some breaches are still caught ([`Error::FileChanged`]).
+//!
 //! # Example
 //!
 //! ```no_run
@@ -53,7 +59,7 @@
 //! use cuda_safe::{Device, DeviceBuffer};
 //! # fn main() -> pinned_mem::Result<()> {
 //! let dev = Device::get(0)?;
-//! let file = MappedFile::open("/data/seed.bin")?;
+//! let file = unsafe { MappedFile::open("/data/seed.bin") }?;
 //! let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
 //! let mut scratch = DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
 //! let report = streamer.to_scratch(&file, 0..file.len(), &mut scratch)?;

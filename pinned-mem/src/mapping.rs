@@ -30,21 +30,13 @@ use crate::util::{align_down, align_up, page_size};
 ///
 /// ```no_run
 /// # fn main() -> pinned_mem::Result<()> {
-/// let file = pinned_mem::MappedFile::open("/data/seed.bin")?;
+/// // SAFETY: nothing writes or truncates the file while it is mapped.
+/// let file = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
 /// println!("{}: {} bytes, first byte {}", file.path().display(), file.len(), file.as_bytes()[0]);
 /// # Ok(()) }
 /// ```
 ///
-/// # Caveat
-/// As with every shared mapping, the bytes change if another program writes
-/// the file, and truncating it while mapped makes reads of the lost pages fault
-/// (`SIGBUS`). Keep the file unchanged while it is mapped. What this crate
-/// checks: pinning ([`PinnedRange::new`](crate::PinnedRange::new), and so the
-/// streamer's windows and whole-file registrations) refuses bytes the file no
-/// longer has with [`Error::FileChanged`], and the ring's and `O_DIRECT` reads
-/// (`pread`) report a short file the same way. What cannot be checked: reading
-/// lost pages through [`MappedFile::as_bytes`] (the streamer's verification
-/// does), or a truncation racing a registration or copy already past its check.
+/// Opening is `unsafe`: see [`MappedFile::open`] for the contract.
 pub struct MappedFile {
     ptr: NonNull<u8>,
     len: u64,
@@ -89,15 +81,35 @@ impl MappedFile {
     /// size while being mapped.
     ///
     /// ```no_run
-    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// // SAFETY: the file is ours and stays unchanged while mapped.
+    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// assert!(f.len() > 0);
     /// # Ok::<(), pinned_mem::Error>(())
     /// ```
     ///
+    /// # Safety
+    /// While the mapping lives (as long as the returned `Arc`, or any pinned
+    /// range, window, slot read or copy made from it), the file must not be
+    /// written or truncated, by this process or any other. The crate hands
+    /// out `&[u8]` into the mapping ([`MappedFile::as_bytes`],
+    /// [`PinnedRange::as_bytes`](crate::PinnedRange::as_bytes)) and registers
+    /// its pages with CUDA in place: bytes changing behind a shared reference
+    /// are undefined behaviour, and reading pages a truncation removed raises
+    /// `SIGBUS`. This is the contract of every shared file mapping (memmap2's
+    /// `Mmap::map` is `unsafe` for the same reason).
+    ///
+    /// What the crate still checks, to turn some breaches into errors: pinning
+    /// ([`PinnedRange::new`](crate::PinnedRange::new), the streamer's windows,
+    /// and passes over a kept whole-file registration) refuses bytes the file
+    /// no longer has with [`Error::FileChanged`], and the ring's and
+    /// `O_DIRECT` reads (`pread`) report a short file the same way. It cannot
+    /// see a change of the bytes, nor a truncation racing a registration or a
+    /// copy already past its check.
+    ///
     /// # Errors
     /// [`Error::Io`] (missing file, no permission, `mmap` failure),
     /// [`Error::NotAFile`], [`Error::EmptyFile`], [`Error::FileChanged`].
-    pub fn open(path: impl AsRef<Path>) -> Result<Arc<MappedFile>> {
+    pub unsafe fn open(path: impl AsRef<Path>) -> Result<Arc<MappedFile>> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
         let meta = file.metadata().map_err(|e| Error::io("stat", &path, e))?;
@@ -143,7 +155,7 @@ impl MappedFile {
     /// The file's length in bytes (never 0).
     ///
     /// ```no_run
-    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// println!("{} bytes", f.len());
     /// # Ok::<(), pinned_mem::Error>(())
     /// ```
@@ -155,7 +167,7 @@ impl MappedFile {
     /// The path it was opened with.
     ///
     /// ```no_run
-    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// assert_eq!(f.path(), std::path::Path::new("/data/seed.bin"));
     /// # Ok::<(), pinned_mem::Error>(())
     /// ```
@@ -167,7 +179,7 @@ impl MappedFile {
     ///
     /// ```no_run
     /// use std::os::unix::fs::FileExt;
-    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// let mut head = [0u8; 16];
     /// f.file().read_exact_at(&mut head, 0).unwrap();
     /// # Ok::<(), pinned_mem::Error>(())
@@ -179,14 +191,15 @@ impl MappedFile {
     /// All the file's bytes, through the mapping (pages fault in on first touch).
     ///
     /// ```no_run
-    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// let sum: u64 = f.as_bytes()[..4096].iter().map(|&b| u64::from(b)).sum();
     /// # let _ = sum; Ok::<(), pinned_mem::Error>(())
     /// ```
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: `ptr` maps `map_len >= len` readable bytes for as long as
         // `self` lives (unmapped only in Drop); this process never writes them
-        // (PROT_READ). See the type's caveat on other writers.
+        // (PROT_READ), and the caller of the unsafe `open` vouched that no one
+        // writes or truncates the file while it is mapped.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
     }
 
@@ -197,7 +210,7 @@ impl MappedFile {
     /// other processes stay.
     ///
     /// ```no_run
-    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// f.drop_page_cache()?;
     /// # Ok::<(), pinned_mem::Error>(())
     /// ```
@@ -218,7 +231,7 @@ impl MappedFile {
     /// in whole pages and clipped to `range`.
     ///
     /// ```no_run
-    /// let f = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// let cached = f.resident_bytes(0..f.len())?;
     /// println!("{:.0}% cached", 100.0 * cached as f64 / f.len() as f64);
     /// # Ok::<(), pinned_mem::Error>(())
@@ -394,8 +407,10 @@ impl Drop for FileWindow {
 // SAFETY: `[as_ptr, as_ptr + len)` is whole pages inside the file's mapping,
 // which the `Arc<MappedFile>` held by this value keeps mapped at the same
 // address for the value's whole life (moving the value does not move the
-// mapping). This process never writes it (PROT_READ): registrations of it must
-// be read-only, which `PinnedRange` always asks for.
+// mapping). This process never writes it (PROT_READ), and the caller of the
+// unsafe `MappedFile::open` vouched that no one writes or truncates the file
+// while it is mapped. Registrations of it must be read-only, which
+// `PinnedRange` always asks for.
 unsafe impl cuda_safe::HostMemory for FileWindow {
     fn as_ptr(&self) -> *const u8 {
         self.start().as_ptr()
@@ -410,6 +425,11 @@ mod tests {
     use super::*;
     use cuda_safe::HostMemory;
 
+    fn open(p: impl AsRef<Path>) -> Result<Arc<MappedFile>> {
+        // SAFETY: the test files are this test's own, unchanged while mapped.
+        unsafe { MappedFile::open(p) }
+    }
+
     fn temp(name: &str, data: &[u8]) -> PathBuf {
         let p = std::env::temp_dir().join(format!("pinned-mem-unit-{}-{name}", std::process::id()));
         std::fs::write(&p, data).unwrap();
@@ -420,7 +440,7 @@ mod tests {
     fn maps_and_reads() {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         let p = temp("maps", &data);
-        let f = MappedFile::open(&p).unwrap();
+        let f = open(&p).unwrap();
         assert_eq!(f.len(), 10_000);
         assert_eq!(f.as_bytes(), &data[..]);
         assert_eq!(f.map_len() % page_size(), 0);
@@ -439,16 +459,16 @@ mod tests {
     #[test]
     fn refuses_empty_dir_missing() {
         let p = temp("empty", &[]);
-        assert!(matches!(MappedFile::open(&p), Err(Error::EmptyFile { .. })));
+        assert!(matches!(open(&p), Err(Error::EmptyFile { .. })));
         std::fs::remove_file(&p).unwrap();
-        assert!(matches!(MappedFile::open(&p), Err(Error::Io { op: "open", .. })));
-        assert!(matches!(MappedFile::open(std::env::temp_dir()), Err(Error::NotAFile { kind: "directory", .. })));
+        assert!(matches!(open(&p), Err(Error::Io { op: "open", .. })));
+        assert!(matches!(open(std::env::temp_dir()), Err(Error::NotAFile { kind: "directory", .. })));
     }
 
     #[test]
     fn mlock_window() {
         let p = temp("mlock", &vec![1u8; 3 * page_size() as usize]);
-        let f = MappedFile::open(&p).unwrap();
+        let f = open(&p).unwrap();
         let mut w = f.window(0..page_size()).unwrap();
         match w.mlock() {
             Ok(()) => assert!(w.is_locked()),

@@ -520,7 +520,7 @@ impl FreeSlot {
     ///
     /// ```no_run
     /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
-    /// let file = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let file = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// let full = ring.acquire()?.copy_from(&file.as_bytes()[..4096])?;
     /// # Ok::<(), pinned_mem::Error>(())
     /// ```
@@ -544,7 +544,7 @@ impl FreeSlot {
     ///
     /// ```no_run
     /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
-    /// let file = pinned_mem::MappedFile::open("/data/seed.bin")?;
+    /// let file = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
     /// let full = ring.acquire()?.read_from(&file, 0, 4096)?;
     /// # Ok::<(), pinned_mem::Error>(())
     /// ```

@@ -233,7 +233,7 @@ impl std::fmt::Display for Report {
 /// use cuda_safe::{Device, DeviceBuffer};
 /// # fn main() -> pinned_mem::Result<()> {
 /// let dev = Device::get(0)?;
-/// let file = MappedFile::open("/data/seed.bin")?;
+/// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
 /// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
 /// let mut dst = DeviceBuffer::<u8>::new(&dev, file.len() as usize)?;
 /// let report = streamer.to_device(&file, 0..file.len(), &mut dst)?;
@@ -425,7 +425,7 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// # let dev = cuda_safe::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// let file = MappedFile::open("/data/seed.bin")?;
+    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let mut dst = cuda_safe::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
     /// let report = s.to_device(&file, 4096..4096 + (1 << 20), &mut dst)?;
     /// # Ok(()) }
@@ -449,7 +449,7 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// let devices = cuda_safe::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// let file = MappedFile::open("/data/seed.bin")?;
+    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let mut dsts = devices.iter().map(|d| cuda_safe::DeviceBuffer::<u8>::new(d, file.len() as usize)).collect::<Result<Vec<_>, _>>()?;
     /// s.to_devices(&file, 0..file.len(), &mut dsts)?;
     /// # Ok(()) }
@@ -505,7 +505,7 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// # let dev = cuda_safe::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
-    /// let file = MappedFile::open("/data/seed.bin")?; // 68 GB
+    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?; // 68 GB
     /// let mut scratch = cuda_safe::DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
     /// println!("{}", s.to_scratch(&file, 0..file.len(), &mut scratch)?);
     /// # Ok(()) }
@@ -548,7 +548,7 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// # let dev = cuda_safe::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// let file = MappedFile::open("/data/seed.bin")?;
+    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let mut sum = cuda_safe::DeviceBuffer::<u8>::new(&dev, 64 << 20)?;
     /// s.for_each_chunk(&file, 0..file.len(), 64 << 20, |stream, chunk, offset, len| {
     ///     // e.g. launch a kernel on `stream` reading chunk[..len]

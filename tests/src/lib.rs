@@ -186,6 +186,22 @@ pub fn write_pattern_file(path: &Path, seed: u64, len: usize) -> Vec<u8> {
     data
 }
 
+/// Maps a test file ([`pinned_mem::MappedFile::open`], whose contract is that
+/// nothing writes or truncates the file while it is mapped).
+///
+/// The suite's files are private to the test that writes them. A few tests
+/// break the contract on purpose, to check what the library detects when a
+/// caller does (`FileChanged`), or that it crashes as documented (`SIGBUS`, in
+/// a child process); each says so where it changes a mapped file.
+///
+/// # Errors
+/// As `MappedFile::open`.
+pub fn open_mapped(path: impl AsRef<Path>) -> pinned_mem::Result<std::sync::Arc<pinned_mem::MappedFile>> {
+    // SAFETY: see above: the file is the calling test's own; where a test
+    // changes it while mapped, that is the point of the test.
+    unsafe { pinned_mem::MappedFile::open(path) }
+}
+
 /// What a test run in a child process printed, from [`run_test_in_child`].
 pub struct ChildRun {
     /// The child's exit status and raw output.

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, TempDir, start, write_pattern_file};
+use integration_tests::{Ctx, TempDir, open_mapped, start, write_pattern_file};
 use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer};
 
 const PAGE: u64 = 4096;
@@ -86,10 +86,11 @@ impl Fixture {
     fn file(&self, name: &str, len: usize) -> (Arc<MappedFile>, Vec<u8>) {
         let path = self.path(name);
         let data = write_pattern_file(&path, name.len() as u64, len);
-        (MappedFile::open(&path).unwrap(), data)
+        (open_mapped(&path).unwrap(), data)
     }
 
-    /// A file of `LEN` bytes, mapped, then truncated to `TRUNCATED` bytes.
+    /// A file of `LEN` bytes, mapped, then truncated to `TRUNCATED` bytes
+    /// (breaking `MappedFile::open`'s contract on purpose: what is detected?).
     fn truncated(&self, name: &str) -> Arc<MappedFile> {
         let (f, _) = self.file(name, LEN);
         std::fs::OpenOptions::new().write(true).open(f.path()).unwrap().set_len(TRUNCATED).unwrap();
@@ -365,7 +366,7 @@ const CASES: &[Case] = &[
         place: Place::Here,
         expect: Expect::Pinned("NotAFile", |e| matches!(e, Error::NotAFile { kind: "directory", .. })),
         says: &["is a directory", "only regular files can be mapped"],
-        run: |fx| MappedFile::open(&fx.dir).unwrap_err().into(),
+        run: |fx| open_mapped(&fx.dir).unwrap_err().into(),
     },
     Case {
         name: "a missing file",
@@ -376,7 +377,7 @@ const CASES: &[Case] = &[
             |e| matches!(e, Error::Io { op: "open", source, .. } if source.kind() == std::io::ErrorKind::NotFound),
         ),
         says: &["open ", "missing.bin", "No such file"],
-        run: |fx| MappedFile::open(fx.path("missing.bin")).unwrap_err().into(),
+        run: |fx| open_mapped(fx.path("missing.bin")).unwrap_err().into(),
     },
     Case {
         name: "an unreadable file",
@@ -392,7 +393,7 @@ const CASES: &[Case] = &[
             if std::fs::File::open(&path).is_ok() {
                 return Got::Skipped("this process can still read a chmod 000 file".into());
             }
-            MappedFile::open(&path).unwrap_err().into()
+            open_mapped(&path).unwrap_err().into()
         },
     },
     Case {
@@ -403,7 +404,7 @@ const CASES: &[Case] = &[
         says: &["empty.bin is empty", "nothing to map"],
         run: |fx| {
             std::fs::write(fx.path("empty.bin"), []).unwrap();
-            MappedFile::open(fx.path("empty.bin")).unwrap_err().into()
+            open_mapped(fx.path("empty.bin")).unwrap_err().into()
         },
     },
     Case {
@@ -723,7 +724,8 @@ fn sigbus_child() {
     let Some(dir) = std::env::var_os(SIGBUS_CHILD) else { return };
     let path = Path::new(&dir).join("lost.bin");
     write_pattern_file(&path, 7, LEN);
-    let f = MappedFile::open(&path).unwrap();
+    let f = open_mapped(&path).unwrap();
+    // Breaks `MappedFile::open`'s contract on purpose, in this child process.
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(TRUNCATED).unwrap();
     println!("SIGBUS-CHILD: mapped and truncated");
     use std::io::Write;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, pattern, start_emulated};
+use integration_tests::{Ctx, open_mapped, pattern, start_emulated};
 use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer};
 
 const LEN: usize = (1 << 20) + 4321;
@@ -72,7 +72,7 @@ fn data_file(dir: &Dir, seed: u64) -> (Arc<MappedFile>, Vec<u8>) {
     let path = dir.0.join(format!("data-{seed}.bin"));
     let data = pattern(seed, LEN);
     std::fs::write(&path, &data).unwrap();
-    (MappedFile::open(&path).unwrap(), data)
+    (open_mapped(&path).unwrap(), data)
 }
 
 fn calls(t: &Ctx, name: &str) -> u64 {

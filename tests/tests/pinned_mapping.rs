@@ -1,7 +1,7 @@
 //! pinned-mem: read-only shared mappings of files.
 
-use integration_tests::{TempDir, start, write_pattern_file};
-use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange};
+use integration_tests::{TempDir, open_mapped, start, write_pattern_file};
+use pinned_mem::{Error, PinBudget, PinOptions, PinnedRange};
 
 #[test]
 fn maps_a_file_with_its_exact_bytes() {
@@ -9,7 +9,7 @@ fn maps_a_file_with_its_exact_bytes() {
     let dir = TempDir::new("pm-map");
     let path = dir.join("data.bin");
     let data = write_pattern_file(&path, 1, (3 << 20) + 12345);
-    let f = MappedFile::open(&path).unwrap();
+    let f = open_mapped(&path).unwrap();
     assert_eq!(f.len(), data.len() as u64);
     assert_eq!(f.path(), path.as_path());
     assert_eq!(f.as_bytes(), &data[..]);
@@ -29,7 +29,7 @@ fn one_byte_file() {
     let dir = TempDir::new("pm-map");
     let path = dir.join("one.bin");
     std::fs::write(&path, [42u8]).unwrap();
-    let f = MappedFile::open(&path).unwrap();
+    let f = open_mapped(&path).unwrap();
     assert_eq!((f.len(), f.as_bytes()), (1, &[42u8][..]));
     t.assert_clean();
 }
@@ -40,18 +40,18 @@ fn refuses_empty_files_directories_devices_and_missing_files() {
     let dir = TempDir::new("pm-map");
     let empty = dir.join("empty.bin");
     std::fs::write(&empty, []).unwrap();
-    match MappedFile::open(&empty) {
+    match open_mapped(&empty) {
         Err(e @ Error::EmptyFile { .. }) => assert!(e.to_string().contains("empty"), "{e}"),
         other => panic!("{other:?}"),
     }
-    match MappedFile::open(dir.path()) {
+    match open_mapped(dir.path()) {
         Err(e @ Error::NotAFile { kind: "directory", .. }) => assert!(e.to_string().contains("directory"), "{e}"),
         other => panic!("{other:?}"),
     }
     if std::path::Path::new("/dev/null").exists() {
-        assert!(matches!(MappedFile::open("/dev/null"), Err(Error::NotAFile { kind: "character device", .. })));
+        assert!(matches!(open_mapped("/dev/null"), Err(Error::NotAFile { kind: "character device", .. })));
     }
-    match MappedFile::open(dir.join("missing.bin")) {
+    match open_mapped(dir.join("missing.bin")) {
         Err(Error::Io { op: "open", path, source }) => {
             assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
             assert!(path.ends_with("missing.bin"));
@@ -67,7 +67,7 @@ fn a_registration_keeps_the_mapping_alive() {
     let dir = TempDir::new("pm-map");
     let path = dir.join("data.bin");
     let data = write_pattern_file(&path, 2, 100_000);
-    let f = MappedFile::open(&path).unwrap();
+    let f = open_mapped(&path).unwrap();
     let budget = PinBudget::unlimited();
     let r = PinnedRange::new(&f, 10..90_000, PinOptions::default(), &budget).unwrap();
     drop(f); // the range holds the mapping
@@ -84,7 +84,7 @@ fn the_mapping_is_shared_and_read_only() {
     let dir = TempDir::new("pm-map");
     let path = dir.join("data.bin");
     write_pattern_file(&path, 3, 8192);
-    let f = MappedFile::open(&path).unwrap();
+    let f = open_mapped(&path).unwrap();
     let addr = f.as_bytes().as_ptr() as usize;
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let line = maps

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, TempDir, start, write_pattern_file};
+use integration_tests::{Ctx, TempDir, open_mapped, start, write_pattern_file};
 use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange};
 
 const PAGE: u64 = 4096;
@@ -11,7 +11,7 @@ const PAGE: u64 = 4096;
 fn file(dir: &TempDir, seed: u64, len: usize) -> (Arc<MappedFile>, Vec<u8>) {
     let path = dir.join(&format!("f{seed}.bin"));
     let data = write_pattern_file(&path, seed, len);
-    (MappedFile::open(&path).unwrap(), data)
+    (open_mapped(&path).unwrap(), data)
 }
 
 /// Copies the range to the device and back, asynchronously from the registration.
@@ -162,7 +162,7 @@ fn separate_mappings_of_one_file_register_independently() {
     let t = start();
     let dir = TempDir::new("pm-range");
     let (f1, data) = file(&dir, 6, 10 * PAGE as usize);
-    let f2 = MappedFile::open(f1.path()).unwrap();
+    let f2 = open_mapped(f1.path()).unwrap();
     let budget = PinBudget::unlimited();
     let a = PinnedRange::new(&f1, 0..f1.len(), PinOptions::default(), &budget).unwrap();
     let b = PinnedRange::new(&f2, 0..f2.len(), PinOptions::default(), &budget).unwrap();

@@ -4,8 +4,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{TempDir, pattern, start, write_pattern_file};
-use pinned_mem::{Error, MappedFile, PinBudget, PinnedRing};
+use integration_tests::{TempDir, open_mapped, pattern, start, write_pattern_file};
+use pinned_mem::{Error, PinBudget, PinnedRing};
 
 fn host_allocs(t: &integration_tests::Ctx) -> Option<u64> {
     t.emulated().then(|| t.emu().call_count("cudaHostAlloc").unwrap())
@@ -117,7 +117,7 @@ fn producer_threads_fill_from_a_file_mapping_and_closure() {
         let dir = TempDir::new("pm-ring");
         let path = dir.join("data.bin");
         let data = write_pattern_file(&path, 13, (1 << 20) + 4321);
-        let file = MappedFile::open(&path).unwrap();
+        let file = open_mapped(&path).unwrap();
         let slot = 32 << 10;
         let ring = PinnedRing::new(4, slot, &PinBudget::new(1 << 20)).unwrap();
         let dst = Mutex::new(DeviceBuffer::<u8>::new(&dev, data.len()).unwrap());
@@ -198,7 +198,7 @@ fn errors_return_the_slot_to_the_ring() {
         let dir = TempDir::new("pm-ring");
         let path = dir.join("small.bin");
         write_pattern_file(&path, 15, 1000);
-        let file = MappedFile::open(&path).unwrap();
+        let file = open_mapped(&path).unwrap();
         let ring = PinnedRing::new(2, 4096, &PinBudget::unlimited()).unwrap();
         assert!(matches!(ring.acquire().unwrap().read_from(&file, 500, 1000), Err(Error::FileChanged { .. })));
         assert!(matches!(ring.acquire().unwrap().copy_from(&[0; 5000]), Err(Error::InvalidArgument { .. })));

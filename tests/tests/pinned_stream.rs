@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_safe::{Device, DeviceBuffer};
-use integration_tests::{Ctx, pattern, start};
+use integration_tests::{Ctx, open_mapped, pattern, start};
 use pinned_mem::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 const LEN: usize = (3 << 20) + 12345;
@@ -93,7 +93,7 @@ fn data_file(dir: &DiskDir, seed: u64, len: usize) -> (Arc<MappedFile>, Vec<u8>)
     let path = dir.join(&format!("data-{seed}.bin"));
     let data = pattern(seed, len);
     std::fs::write(&path, &data).unwrap();
-    (MappedFile::open(&path).unwrap(), data)
+    (open_mapped(&path).unwrap(), data)
 }
 
 /// Every strategy, with windows and slots small enough to make many of them.
@@ -483,7 +483,9 @@ fn verify_mode_confirms_and_detects_changes() {
         drop(s);
 
         // The file changes after its first bytes reached the device: the copy
-        // back differs from the file, and verification says so.
+        // back differs from the file, and verification says so. (This breaks
+        // `MappedFile::open`'s contract on purpose: verification is how a
+        // caller would notice.)
         let writer = std::fs::OpenOptions::new().write(true).open(file.path()).unwrap();
         let changed = Arc::new(AtomicBool::new(false));
         let c = changed.clone();
@@ -633,6 +635,7 @@ fn a_kept_registration_checks_the_file_again() {
     let dev = Device::get(0).unwrap();
     let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
     s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+    // Breaks `MappedFile::open`'s contract on purpose: is it detected?
     std::fs::OpenOptions::new().write(true).open(file.path()).unwrap().set_len((LEN / 2) as u64).unwrap();
     let e = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap_err();
     assert!(matches!(e, Error::FileChanged { .. }), "{e}");
@@ -757,7 +760,7 @@ fn direct_is_refused_clearly_without_o_direct() {
     }
     let path = dir.join("data.bin");
     std::fs::write(&path, pattern(17, 100_000)).unwrap();
-    let file = MappedFile::open(&path).unwrap();
+    let file = open_mapped(&path).unwrap();
     let budget = PinBudget::new(16 << 20);
     let s = streamer(Strategy::Direct { slots: 2, slot: 64 << 10, threads: 1 }, &budget);
     let dev = Device::get(0).unwrap();

@@ -12,7 +12,8 @@ USAGE:
 
 With no FILE it writes a demo file (4 GiB, less when disk or RAM are short) in
 the temporary folder, streams it to GPU 0 with every strategy, and removes it.
-With FILE (any size, e.g. your own np.memmap) it streams that file instead.
+With FILE (any size, e.g. your own np.memmap) it streams that file instead; it
+is mapped, so it must not be written or truncated while the bench runs.
 
 OPTIONS:
     --size BYTES     demo file size: 4G, 512M, 1.5GiB, 65536 (K/M/G/T are powers of 1024)
