@@ -207,7 +207,9 @@ impl MappedFile {
     /// runs): unmaps this mapping's page-table entries (`MADV_DONTNEED`, the data
     /// is refetched on the next touch) and advises `POSIX_FADV_DONTNEED` on the
     /// file. Dirty pages, pages pinned by a live registration and pages mapped by
-    /// other processes stay.
+    /// other processes stay. Where part of the mapping is `mlock`-ed the kernel
+    /// refuses `MADV_DONTNEED` for the whole mapping (`EINVAL`): that step is
+    /// then skipped, and only the pages no one maps are dropped.
     ///
     /// ```no_run
     /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
@@ -221,8 +223,10 @@ impl MappedFile {
         // SAFETY: the range is exactly this value's mapping. MADV_DONTNEED on a
         // shared file mapping only drops page-table entries: later reads fault
         // the same file contents back in, so every `&[u8]` stays valid and unchanged.
-        unsafe { nix::sys::mman::madvise(self.ptr.cast(), self.map_len, MmapAdvise::MADV_DONTNEED) }
-            .map_err(|e| Error::io("madvise(MADV_DONTNEED)", &self.path, e.into()))?;
+        match unsafe { nix::sys::mman::madvise(self.ptr.cast(), self.map_len, MmapAdvise::MADV_DONTNEED) } {
+            Ok(()) | Err(nix::errno::Errno::EINVAL) => {} // EINVAL: locked pages (see above)
+            Err(e) => return Err(Error::io("madvise(MADV_DONTNEED)", &self.path, e.into())),
+        }
         nix::fcntl::posix_fadvise(&self.file, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
             .map_err(|e| Error::io("posix_fadvise(DONTNEED)", &self.path, e.into()))
     }
