@@ -66,6 +66,11 @@ impl Device {
         self.ordinal as usize
     }
 
+    /// The device the runtime has as current on the calling thread.
+    pub(crate) fn current() -> Result<Device> {
+        Ok(Device { ordinal: raw::current_device()? })
+    }
+
     /// Makes this device current on the calling thread.
     ///
     /// # Errors

@@ -690,6 +690,9 @@ pub struct HostRegistration<M: HostMemory> {
     ptr: *const u8,
     len: usize,
     flags: RegisterFlags,
+    /// Without `portable`, the registration belongs to the device (context)
+    /// current when it was made: unregistering makes that device current again.
+    device: Option<Device>,
     fence: Fence,
 }
 
@@ -728,13 +731,21 @@ impl<M: HostMemory> HostRegistration<M> {
         if len == 0 {
             return Err((Error::invalid("HostRegistration::new", "cannot register an empty range"), mem));
         }
+        let device = if flags.portable {
+            None
+        } else {
+            match Device::current() {
+                Ok(d) => Some(d),
+                Err(e) => return Err((e, mem)),
+            }
+        };
         // SAFETY: `HostMemory` guarantees the range is mapped while `mem`
         // lives; we keep `mem` until after unregistering.
         if let Err(e) = unsafe { raw::host_register(ptr.cast_mut().cast(), len, flags.bits()) } {
             raw::clear_last_error();
             return Err((e, mem));
         }
-        Ok(HostRegistration { mem: std::mem::ManuallyDrop::new(mem), ptr, len, flags, fence: Fence::default() })
+        Ok(HostRegistration { mem: std::mem::ManuallyDrop::new(mem), ptr, len, flags, device, fence: Fence::default() })
     }
 
     /// Length in bytes.
@@ -800,6 +811,9 @@ impl<M: HostMemory> HostRegistration<M> {
 
     fn release(&mut self) -> Result<()> {
         self.fence.wait_all()?;
+        if let Some(d) = self.device {
+            d.ensure_current()?;
+        }
         // SAFETY: we registered `ptr`; no stream reads it any more.
         unsafe { raw::host_unregister(self.ptr.cast_mut().cast()) }
     }

@@ -43,6 +43,15 @@ pub(crate) fn driver_version() -> Result<i32> {
     Ok(v)
 }
 
+/// The calling thread's current device, as the runtime has it.
+pub(crate) fn current_device() -> Result<i32> {
+    let api = api()?;
+    let mut d: c_int = 0;
+    // SAFETY: `d` is a valid place for the ordinal.
+    check("cudaGetDevice", unsafe { (api.cudaGetDevice)(&mut d) })?;
+    Ok(d)
+}
+
 pub(crate) fn set_device(ordinal: i32) -> Result<()> {
     let api = api()?;
     // SAFETY: plain value argument; CUDA validates the ordinal.

@@ -243,6 +243,21 @@ fault_tests! {
         // SAFETY: no arguments.
         assert_eq!(unsafe { (api().cudaPeekAtLastError)() }.0, 0);
     };
+    cudaGetDevice => |t| {
+        // A registration without `portable` notes the current device first.
+        let data = pattern(3, 1 << 16);
+        inject(t, "cudaGetDevice", 101);
+        let (e, back) = HostRegistration::try_new(data.clone().into_boxed_slice(), RegisterFlags::default()).unwrap_err();
+        assert_eq!((e.call(), e.code()), ("cudaGetDevice", Some(101)));
+        assert_eq!(&*back, &data[..], "the memory is handed back");
+        assert_eq!(t.counters().unwrap().registrations, 0, "nothing was registered");
+        clear_last_error();
+        // A portable one does not ask.
+        inject(t, "cudaGetDevice", 101);
+        let portable = RegisterFlags { portable: true, ..RegisterFlags::default() };
+        drop(HostRegistration::new(back, portable).unwrap());
+        t.emu().reset();
+    };
     cudaHostUnregister => |t| {
         let data = pattern(2, 1 << 16);
         let reg = HostRegistration::new(Pages::new(&data), RegisterFlags::default()).unwrap();
