@@ -16,7 +16,7 @@ thread_local! {
 ///
 /// ```
 /// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 /// for d in cuda_safe::Device::all()? {
 ///     let (free, total) = d.mem_info()?;
 ///     println!("{}: {} ({free} of {total} bytes free)", d.ordinal(), d.name()?);

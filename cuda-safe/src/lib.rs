@@ -38,7 +38,7 @@
 //! ```
 //! use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
 //! # fn main() -> cuda_safe::Result<()> {
-//! # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+//! # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 //! let dev = Device::get(0)?;
 //! let stream = Stream::new(&dev)?;
 //! let chunk = 1 << 20;
@@ -69,8 +69,7 @@
 //! the search order, or set `CUDA_SYS_RUNTIME`.
 //!
 //! The examples in these docs run as doctests on the emulated runtime (no GPU
-//! needed): a hidden first line,
-//! `cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?`,
+//! needed): a hidden first line, `cuda_safe::sys::emulator::install()?`,
 //! points the loader at it (cuda-sys's `emulator` feature, on for this crate's
 //! tests). Without that line they use the real runtime, unchanged.
 

@@ -97,7 +97,7 @@ pub trait DeviceSink<T: Pod>: sealed::Sealed {
 ///
 /// ```
 /// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 /// let dev = cuda_safe::Device::get(0)?;
 /// let mut d = cuda_safe::DeviceBuffer::<u32>::zeroed(&dev, 1024)?;
 /// d.copy_from_slice(&[7; 1024])?;            // synchronous, from pageable memory
@@ -370,7 +370,7 @@ impl PinnedFlags {
 ///
 /// ```
 /// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 /// let mut p = cuda_safe::PinnedBuffer::<u8>::new(4096)?;
 /// p.as_mut_slice()?[0] = 42;
 /// assert_eq!(p.as_slice()?[0], 42);
@@ -675,7 +675,7 @@ impl RegisterFlags {
 ///
 /// ```
 /// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 /// use cuda_safe::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
 /// let dev = Device::get(0)?;
 /// let data: Box<[u8]> = vec![1u8; 1 << 20].into_boxed_slice();

@@ -309,7 +309,7 @@ pub struct StreamOptions {
 ///
 /// ```
 /// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 /// use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
 /// let dev = Device::get(0)?;
 /// let stream = Stream::new(&dev)?;
@@ -461,7 +461,7 @@ impl Stream {
     ///
     /// ```
     /// # fn main() -> cuda_safe::Result<()> {
-    /// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+    /// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
     /// let stream = cuda_safe::Stream::new(&cuda_safe::Device::get(0)?)?;
     /// let (tx, rx) = std::sync::mpsc::channel();
     /// stream.launch_host_fn(move || { let _ = tx.send("done"); })?;
@@ -592,7 +592,7 @@ pub struct EventOptions {
 ///
 /// ```
 /// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::set_runtime_path(cuda_safe::sys::emulator::library_path()?)?; // the emulated runtime (see the crate docs)
+/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 /// use cuda_safe::{Device, Event, EventOptions, Stream};
 /// let dev = Device::get(0)?;
 /// let s = Stream::new(&dev)?;

@@ -52,7 +52,9 @@ fn main() -> ExitCode {
         }
     }
     for path in &args {
-        match cuda_sys::Runtime::load(path) {
+        // SAFETY: the user names a CUDA runtime to probe (that is what this
+        // program is for); it is version-checked, and its symbols looked up.
+        match unsafe { cuda_sys::Runtime::load(path) } {
             Ok(rt) => ok &= probe(rt),
             Err(e) => {
                 println!("{path}: {e}");

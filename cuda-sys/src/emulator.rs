@@ -49,10 +49,24 @@ pub fn library_path() -> Result<String, LoadError> {
         if std::path::Path::new(LIBRARY_PATH).is_file() {
             return Ok(LIBRARY_PATH.to_string());
         }
-        let p = std::env::temp_dir().join(format!("libcudart_emu-{}.so", std::process::id()));
-        std::fs::write(&p, LIBRARY_BYTES)
-            .map_err(|e| LoadError::NotFound { tried: vec![(p.display().to_string(), e.to_string())] })?;
-        Ok(p.display().to_string())
+        // A new file (O_EXCL: never through a link someone put in the shared
+        // temporary folder, never over a library another process has mapped).
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let mut tried = Vec::new();
+        for attempt in 0..16u32 {
+            let name = format!("libcudart_emu-{}-{nanos:x}-{attempt}.so", std::process::id());
+            let p = std::env::temp_dir().join(name);
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&p)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, LIBRARY_BYTES));
+            match written {
+                Ok(()) => return Ok(p.display().to_string()),
+                Err(e) => tried.push((p.display().to_string(), e.to_string())),
+            }
+        }
+        Err(LoadError::NotFound { tried })
     })
     .clone()
 }
@@ -127,8 +141,13 @@ impl Controls {
 
     /// Makes the `nth` call (1-based, from now) of `function` fail with `error`
     /// (a raw `cudaError_t` value); `sticky` also fails every later call until
-    /// [`Controls::reset`]. Returns false for an unknown function name.
+    /// [`Controls::reset`]. Returns false for an unknown function name, and for
+    /// `error` 0 (success): a call that reports success without doing its work
+    /// would make safe code believe, say, that a copy had finished.
     pub fn inject_fault(&self, function: &str, nth: u32, error: u32, sticky: bool) -> bool {
+        if error == 0 {
+            return false;
+        }
         let Ok(name) = CString::new(function) else { return false };
         // SAFETY: `name` is NUL-terminated and outlives the call.
         unsafe { (self.inject_fault)(name.as_ptr(), nth, error as c_int, c_int::from(sticky)) == 0 }
@@ -150,13 +169,33 @@ impl Controls {
 }
 
 /// Loads the emulated runtime by path, once (a separate `&'static Runtime`; make
-/// it the process-wide one with [`crate::set_runtime_path`]`(library_path()?)` instead).
+/// it the process-wide one with [`install`] instead).
 ///
 /// # Errors
 /// As [`Runtime::load`].
 pub fn load() -> Result<&'static Runtime, LoadError> {
     static RT: OnceLock<Result<&'static Runtime, LoadError>> = OnceLock::new();
-    RT.get_or_init(|| Runtime::load(&library_path()?)).clone()
+    // SAFETY: the library at `library_path` is this crate's own emulator, built
+    // from cudart_emu.c with the CUDA 13 signatures and version.
+    RT.get_or_init(|| unsafe { Runtime::load(&library_path()?) }).clone()
+}
+
+/// Makes the emulated runtime the process-wide one ([`crate::runtime`]),
+/// before anything used the runtime. Safe, unlike [`crate::set_runtime_path`]:
+/// the library is this crate's own.
+///
+/// ```
+/// cuda_sys::emulator::install()?;
+/// assert!(cuda_sys::runtime()?.path().contains("cudart_emu"));
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
+///
+/// # Errors
+/// [`LoadError::AlreadyLoaded`] once the runtime is loaded; as [`library_path`].
+pub fn install() -> Result<(), LoadError> {
+    let path = library_path()?;
+    // SAFETY: as in `load`: the library is this crate's emulator.
+    unsafe { crate::set_runtime_path(path) }
 }
 
 /// The control functions of the emulator at [`library_path`] (loading it if needed).

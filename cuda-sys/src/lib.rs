@@ -103,6 +103,7 @@ mod checks {
     const_assert!(size_of::<cuda13::cudaDeviceProp>() <= size_of::<DevicePropBuffer>());
     const_assert!(size_of::<cuda12::cudaDeviceProp>() <= size_of::<DevicePropBuffer>());
     const_assert!(align_of::<cuda12::cudaDeviceProp>() <= align_of::<DevicePropBuffer>());
+    const_assert!(align_of::<cuda13::cudaDeviceProp>() <= align_of::<DevicePropBuffer>());
     const_assert_eq!(offset_of!(cuda13::cudaDeviceProp, name), 0);
     const_assert_eq!(offset_of!(cuda12::cudaDeviceProp, name), 0);
     // The table's cudaPointerAttributes (13's) is at least as large as 12's and

@@ -42,6 +42,15 @@ pub enum LoadError {
         /// The library already in use.
         library: String,
     },
+    /// The library is a CUDA runtime of a major version these bindings do not
+    /// describe (only 12 and 13 are), or the `link` feature found one other
+    /// than 13: its structures may differ, so it is not used.
+    UnsupportedVersion {
+        /// The library that was opened.
+        library: String,
+        /// What `cudaRuntimeGetVersion` said (`1000 * major + 10 * minor`).
+        version: i32,
+    },
 }
 
 impl fmt::Display for LoadError {
@@ -69,6 +78,13 @@ impl fmt::Display for LoadError {
             LoadError::AlreadyLoaded { library } => {
                 write!(f, "the CUDA runtime is already loaded from {library}; set the path before first use")
             }
+            LoadError::UnsupportedVersion { library, version } => write!(
+                f,
+                "{library} is CUDA runtime {}.{}; these bindings support 12 and 13 (with the `link` feature: 13); \
+                 install one of those, or point {RUNTIME_PATH_ENV} at one",
+                version / 1000,
+                version % 1000 / 10
+            ),
         }
     }
 }
@@ -100,20 +116,33 @@ fn dlerror_text() -> String {
     }
 }
 
+/// The major versions whose headers these bindings were generated from.
+const SUPPORTED_MAJORS: [i32; 2] = [12, 13];
+
 impl Runtime {
     /// Loads the runtime library at `path` (a path, or a name the dynamic loader
     /// resolves) and resolves every entry point of [`Api`].
     ///
     /// ```
     /// // A name that does not exist gives a typed error, never a panic.
-    /// let err = cuda_sys::Runtime::load("libcudart-that-does-not-exist.so").unwrap_err();
+    /// // SAFETY: had it existed, it would have been a CUDA runtime.
+    /// let err = unsafe { cuda_sys::Runtime::load("libcudart-that-does-not-exist.so") }.unwrap_err();
     /// assert!(matches!(err, cuda_sys::LoadError::NotFound { .. }));
     /// ```
     ///
+    /// # Safety
+    /// `path` must name a genuine CUDA runtime library (`libcudart`). Loading
+    /// runs its initializers, and every function is then called through the
+    /// signatures of the CUDA 12 or 13 headers: another library exporting the
+    /// same names would be called with the wrong types. What is checked: the
+    /// version (12 or 13, else [`LoadError::UnsupportedVersion`]) and that every
+    /// symbol exists; what cannot be: that the symbols are what they say. (As
+    /// with `libloading::Library::new`, which is `unsafe` for the same reason.)
+    ///
     /// # Errors
     /// [`LoadError::NotFound`] when it cannot be opened, [`LoadError::MissingSymbol`]
-    /// when a function is missing.
-    pub fn load(path: &str) -> Result<&'static Runtime, LoadError> {
+    /// when a function is missing, [`LoadError::UnsupportedVersion`].
+    pub unsafe fn load(path: &str) -> Result<&'static Runtime, LoadError> {
         let c = CString::new(path).map_err(|_| LoadError::BadPath(path.to_string()))?;
         // SAFETY: `c` is a valid NUL-terminated string; dlopen has no other
         // preconditions. Loading runs the library's initializers, which is
@@ -135,14 +164,17 @@ impl Runtime {
         if get_version.is_null() {
             return Err(missing("cudaRuntimeGetVersion"));
         }
-        // SAFETY: the symbol is the runtime's cudaRuntimeGetVersion, whose C
-        // signature is `cudaError_t (int *)`.
+        // SAFETY: the caller vouched that this is a CUDA runtime, whose
+        // cudaRuntimeGetVersion has the C signature `cudaError_t (int *)`.
         let get_version: unsafe extern "C" fn(*mut i32) -> cudaError_t = unsafe { std::mem::transmute(get_version) };
         let mut version = 0;
         // SAFETY: `version` is a valid place to write an int.
         let code = unsafe { get_version(&mut version) };
         if code.0 != 0 {
             return Err(LoadError::Version { library: path.to_string(), code: code.0 });
+        }
+        if !SUPPORTED_MAJORS.contains(&(version / 1000)) {
+            return Err(LoadError::UnsupportedVersion { library: path.to_string(), version });
         }
         // SAFETY: every symbol comes from this runtime library, which is never
         // unloaded, and the table selects the names for its major version.
@@ -154,15 +186,22 @@ impl Runtime {
     /// [`RUNTIME_PATH_ENV`] variable, then [`SEARCH_ORDER`]. A candidate that
     /// opens but is broken (a missing symbol) stops the search with that error.
     ///
+    /// # Safety
+    /// As [`Runtime::load`], for `explicit`. The environment variable and the
+    /// library names are trusted as the dynamic loader trusts
+    /// `LD_LIBRARY_PATH`: they name the process's CUDA runtime.
+    ///
     /// # Errors
     /// [`LoadError::NotFound`] listing every candidate and why it failed.
-    pub fn search(explicit: Option<&str>) -> Result<&'static Runtime, LoadError> {
+    pub unsafe fn search(explicit: Option<&str>) -> Result<&'static Runtime, LoadError> {
         let env = std::env::var(RUNTIME_PATH_ENV).ok().filter(|s| !s.is_empty());
         let candidates =
             explicit.into_iter().map(str::to_string).chain(env).chain(SEARCH_ORDER.iter().map(|s| s.to_string()));
         let mut tried = Vec::new();
         for cand in candidates {
-            match Runtime::load(&cand) {
+            // SAFETY: the caller's contract for `explicit`; the environment and
+            // the names are the process's configuration (see above).
+            match unsafe { Runtime::load(&cand) } {
                 Ok(rt) => return Ok(rt),
                 Err(LoadError::NotFound { tried: t }) => tried.extend(t),
                 Err(e) => return Err(e),
@@ -171,17 +210,32 @@ impl Runtime {
         Err(LoadError::NotFound { tried })
     }
 
-    /// The runtime linked at build time (feature `link`), bound to the CUDA 13 symbols.
+    /// The runtime linked at build time (feature `link`), bound to the CUDA 13
+    /// symbols: a runtime of another major version is refused.
+    ///
+    /// # Errors
+    /// [`LoadError::Version`] when `cudaRuntimeGetVersion` fails,
+    /// [`LoadError::UnsupportedVersion`] for a runtime other than 13.
     #[cfg(feature = "link")]
-    pub fn linked() -> &'static Runtime {
-        static LINKED: OnceLock<Runtime> = OnceLock::new();
-        LINKED.get_or_init(|| {
-            let api = Api::linked();
-            let mut version = 0;
-            // SAFETY: `version` is a valid place to write an int.
-            unsafe { (api.cudaRuntimeGetVersion)(&mut version) };
-            Runtime { api, version, path: "linked libcudart".into() }
-        })
+    pub fn linked() -> Result<&'static Runtime, LoadError> {
+        static LINKED: OnceLock<Result<Runtime, LoadError>> = OnceLock::new();
+        let library = || "linked libcudart".to_string();
+        LINKED
+            .get_or_init(|| {
+                let api = Api::linked();
+                let mut version = 0;
+                // SAFETY: `version` is a valid place to write an int.
+                let code = unsafe { (api.cudaRuntimeGetVersion)(&mut version) };
+                if code.0 != 0 {
+                    return Err(LoadError::Version { library: library(), code: code.0 });
+                }
+                if version / 1000 != 13 {
+                    return Err(LoadError::UnsupportedVersion { library: library(), version });
+                }
+                Ok(Runtime { api, version, path: library() })
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// The function table.
@@ -228,26 +282,41 @@ fn cstr_or(p: *const std::ffi::c_char, code: cudaError_t) -> String {
     }
 }
 
-static EXPLICIT: Mutex<Option<String>> = Mutex::new(None);
+/// The path given to [`set_runtime_path`], and whether the process-wide load
+/// has begun (after which the path can no longer change what is loaded).
+struct Explicit {
+    path: Option<String>,
+    started: bool,
+}
+
+static EXPLICIT: Mutex<Explicit> = Mutex::new(Explicit { path: None, started: false });
 static GLOBAL: OnceLock<Result<&'static Runtime, LoadError>> = OnceLock::new();
 
 /// Sets the library the process-wide [`runtime`] loads, before its first use.
 ///
 /// ```
 /// // Before anything used the runtime:
-/// let _ = cuda_sys::set_runtime_path("/opt/cuda/lib64/libcudart.so.13");
+/// // SAFETY: the path names a CUDA runtime.
+/// let _ = unsafe { cuda_sys::set_runtime_path("/opt/cuda/lib64/libcudart.so.13") };
 /// ```
 ///
+/// # Safety
+/// As [`Runtime::load`]: `path` must name a genuine CUDA runtime library.
+///
 /// # Errors
-/// [`LoadError::AlreadyLoaded`] once the runtime has been loaded.
-pub fn set_runtime_path(path: impl Into<String>) -> Result<(), LoadError> {
-    if let Some(r) = GLOBAL.get() {
-        return Err(LoadError::AlreadyLoaded {
-            library: r.as_ref().map(|r| r.path().to_string()).unwrap_or_else(|_| "<failed load>".into()),
-        });
-    }
+/// [`LoadError::AlreadyLoaded`] once the runtime is loaded (or being loaded,
+/// on another thread).
+pub unsafe fn set_runtime_path(path: impl Into<String>) -> Result<(), LoadError> {
     let mut g = EXPLICIT.lock().unwrap_or_else(|p| p.into_inner());
-    *g = Some(path.into());
+    if g.started {
+        let library = match GLOBAL.get() {
+            Some(Ok(r)) => r.path().to_string(),
+            Some(Err(_)) => "<failed load>".into(),
+            None => "<being loaded on another thread>".into(),
+        };
+        return Err(LoadError::AlreadyLoaded { library });
+    }
+    g.path = Some(path.into());
     Ok(())
 }
 
@@ -261,12 +330,18 @@ pub fn set_runtime_path(path: impl Into<String>) -> Result<(), LoadError> {
 pub fn runtime() -> Result<&'static Runtime, LoadError> {
     GLOBAL
         .get_or_init(|| {
-            let explicit = EXPLICIT.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let explicit = {
+                let mut g = EXPLICIT.lock().unwrap_or_else(|p| p.into_inner());
+                g.started = true; // a later set_runtime_path is refused, not ignored
+                g.path.clone()
+            };
             #[cfg(feature = "link")]
             if explicit.is_none() && std::env::var_os(RUNTIME_PATH_ENV).is_none_or(|v| v.is_empty()) {
-                return Ok(Runtime::linked());
+                return Runtime::linked();
             }
-            Runtime::search(explicit.as_deref())
+            // SAFETY: `explicit` came through the unsafe `set_runtime_path`,
+            // whose caller vouched for it; the rest is the process's configuration.
+            unsafe { Runtime::search(explicit.as_deref()) }
         })
         .clone()
 }

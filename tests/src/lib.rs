@@ -38,13 +38,16 @@ fn required() -> bool {
 
 fn pick(force_emulator: bool) -> Env {
     if !force_emulator {
-        match cuda_sys::Runtime::search(None) {
+        // SAFETY: no explicit path: the environment and the standard names
+        // are the machine's CUDA configuration.
+        match unsafe { cuda_sys::Runtime::search(None) } {
             Ok(rt) => {
                 let mut n = 0;
                 // SAFETY: `n` is a valid place for the count.
                 let code = unsafe { (rt.api().cudaGetDeviceCount)(&mut n) };
                 if code.0 == 0 && n > 0 {
-                    cuda_sys::set_runtime_path(rt.path()).expect("runtime chosen before first use");
+                    // SAFETY: the library the search above loaded as a CUDA runtime.
+                    unsafe { cuda_sys::set_runtime_path(rt.path()) }.expect("runtime chosen before first use");
                     return Env { real: true, emu: None, path: rt.path().to_string() };
                 }
                 assert!(
@@ -59,7 +62,7 @@ fn pick(force_emulator: bool) -> Env {
         }
     }
     let path = cuda_sys::emulator::library_path().expect("the emulated runtime is embedded");
-    cuda_sys::set_runtime_path(path.clone()).expect("runtime chosen before first use");
+    cuda_sys::emulator::install().expect("runtime chosen before first use");
     let emu = cuda_sys::emulator::controls().expect("emulator controls");
     Env { real: false, emu: Some(emu), path }
 }

@@ -45,6 +45,26 @@ fn missing_symbols(path: &str, major: i32) -> Vec<&'static str> {
     SYMBOLS.iter().map(|&(_, s13, s12)| if major >= 13 { s13 } else { s12 }).filter(|s| !has_symbol(h, s)).collect()
 }
 
+// What these tests load: the emulator (this workspace's stand-in for libcudart,
+// built with the CUDA 12 and 13 names and version), the PyPI wheel runtimes,
+// paths that do not exist, and libc, which lacks cudaRuntimeGetVersion, so the
+// loader refuses it before calling anything in it.
+
+fn load(path: &str) -> Result<&'static Runtime, LoadError> {
+    // SAFETY: see above.
+    unsafe { Runtime::load(path) }
+}
+
+fn search(explicit: Option<&str>) -> Result<&'static Runtime, LoadError> {
+    // SAFETY: see above; the rest is this machine's CUDA configuration.
+    unsafe { Runtime::search(explicit) }
+}
+
+fn set_path(path: impl Into<String>) -> Result<(), LoadError> {
+    // SAFETY: see above.
+    unsafe { cuda_sys::set_runtime_path(path) }
+}
+
 fn emulator_path() -> String {
     cuda_sys::emulator::library_path().expect("the emulator is embedded")
 }
@@ -54,7 +74,7 @@ fn emulator_path() -> String {
 #[test]
 fn a_missing_library_is_not_found_and_listed() {
     let p = "/nonexistent/wire-speed/libcudart.so.13";
-    let e = Runtime::load(p).unwrap_err();
+    let e = load(p).unwrap_err();
     let LoadError::NotFound { tried } = &e else { panic!("{e:?}") };
     assert_eq!(tried.len(), 1);
     assert_eq!(tried[0].0, p);
@@ -68,7 +88,7 @@ fn a_missing_library_is_not_found_and_listed() {
 #[test]
 fn search_tries_every_candidate_in_order() {
     let missing = "/nonexistent/wire-speed/explicit-libcudart.so";
-    match Runtime::search(Some(missing)) {
+    match search(Some(missing)) {
         Ok(rt) => {
             // A real runtime is installed: it came from the environment or the search order.
             let env = std::env::var(RUNTIME_PATH_ENV).unwrap_or_default();
@@ -91,17 +111,17 @@ fn search_tries_every_candidate_in_order() {
 
 #[test]
 fn a_library_without_the_runtime_symbols_is_refused() {
-    let e = Runtime::load("libc.so.6").unwrap_err();
+    let e = load("libc.so.6").unwrap_err();
     assert_eq!(e, LoadError::MissingSymbol { library: "libc.so.6".into(), symbol: "cudaRuntimeGetVersion".into() });
     let s = e.to_string();
     assert!(s.contains("libc.so.6") && s.contains("cudaRuntimeGetVersion"), "{s}");
     // search stops at a candidate that opens but is broken.
-    assert!(matches!(Runtime::search(Some("libc.so.6")), Err(LoadError::MissingSymbol { .. })));
+    assert!(matches!(search(Some("libc.so.6")), Err(LoadError::MissingSymbol { .. })));
 }
 
 #[test]
 fn a_path_with_nul_is_refused() {
-    let e = Runtime::load("lib\0cudart.so").unwrap_err();
+    let e = load("lib\0cudart.so").unwrap_err();
     assert_eq!(e, LoadError::BadPath("lib\0cudart.so".into()));
     assert!(e.to_string().contains("NUL"));
 }
@@ -111,7 +131,7 @@ fn the_runtime_path_is_fixed_after_first_use() {
     let t = start();
     let rt = cuda_sys::runtime().unwrap();
     assert_eq!(rt.path(), t.env.path);
-    let e = cuda_sys::set_runtime_path("/elsewhere/libcudart.so.13").unwrap_err();
+    let e = set_path("/elsewhere/libcudart.so.13").unwrap_err();
     assert_eq!(e, LoadError::AlreadyLoaded { library: t.env.path.clone() });
     assert!(e.to_string().contains(&t.env.path));
     // The first outcome is kept.
@@ -128,7 +148,7 @@ fn the_emulator_loads_by_path_as_cuda_13() {
         return;
     }
     let path = emulator_path();
-    let rt = Runtime::load(&path).unwrap();
+    let rt = load(&path).unwrap();
     assert_eq!((rt.version(), rt.major(), rt.path()), (13000, 13, path.as_str()));
     assert!(format!("{rt:?}").contains("13000"));
     assert_eq!(cuda_sys::emulator::load().unwrap().version(), 13000);
@@ -150,6 +170,68 @@ fn the_emulator_loads_by_path_as_cuda_13() {
     assert_eq!(missing_symbols(&path, 12), Vec::<&str>::new());
 }
 
+/// Only CUDA 12 and 13 load: the bindings describe no other major version's
+/// structures (a CUDA 14 `cudaDeviceProp` could outgrow the buffer).
+#[test]
+fn other_major_versions_are_refused() {
+    for v in ["14000", "11080", "0"] {
+        let out = run_child("child_unsupported_version", &[("CUDA_EMU_VERSION", v)]);
+        assert!(out.contains(&format!("refused {v}")), "{out}");
+    }
+}
+
+#[test]
+#[ignore = "runs in a child process started by other_major_versions_are_refused"]
+fn child_unsupported_version() {
+    if !is_child("child_unsupported_version") {
+        return;
+    }
+    let v: i32 = std::env::var("CUDA_EMU_VERSION").unwrap().parse().unwrap();
+    let path = emulator_path();
+    let e = load(&path).unwrap_err();
+    assert_eq!(e, LoadError::UnsupportedVersion { library: path.clone(), version: v });
+    assert!(e.to_string().contains("support 12 and 13"), "{e}");
+    println!("refused {v}");
+    println!("child child_unsupported_version ran");
+}
+
+/// CUDA 12.0 to 12.7 lack `cudaEventElapsedTime_v2` (it arrived in 12.8): the
+/// table then binds the unversioned symbol, which has the same C signature.
+/// Other `_v2` names have no such fallback (`cudaGetDeviceProperties`'s
+/// unversioned symbol takes the older struct layout).
+#[test]
+fn cuda_12_before_12_8_binds_the_unversioned_elapsed_time() {
+    let path = emulator_path();
+    load(&path).unwrap();
+    let h = loaded_handle(&path);
+    let dlsym = |name: &str| {
+        let c = CString::new(name.trim_end_matches('\0')).unwrap();
+        // SAFETY: a live handle (the library stays loaded) and a C string.
+        unsafe { libc::dlsym(h, c.as_ptr()) }
+    };
+    let without = |hidden: &'static str| {
+        move |name: &'static str| if name == hidden { std::ptr::null_mut() } else { dlsym(name) }
+    };
+    // SAFETY: every address comes from the emulator, a CUDA 12/13 stand-in.
+    let api = unsafe { cuda_sys::Api::resolve(12, without("cudaEventElapsedTime_v2\0")) }.unwrap();
+    assert_eq!(api.cudaEventElapsedTime as *mut c_void, dlsym("cudaEventElapsedTime"));
+    // SAFETY: as above.
+    let e = unsafe { cuda_sys::Api::resolve(12, without("cudaGetDeviceProperties_v2\0")) }.err();
+    assert_eq!(e, Some("cudaGetDeviceProperties_v2\0"));
+    // SAFETY: as above. CUDA 13 has no fallback either.
+    let e = unsafe { cuda_sys::Api::resolve(13, without("cudaEventElapsedTime\0")) }.err();
+    assert_eq!(e, Some("cudaEventElapsedTime\0"));
+}
+
+/// Injecting "success" would let a call skip its work and report it done.
+#[test]
+fn a_fault_of_code_zero_is_refused() {
+    let ctl = cuda_sys::emulator::controls().unwrap();
+    assert!(!ctl.inject_fault("cudaMemcpyAsync", 1, 0, false));
+    assert!(ctl.inject_fault("cudaMemcpyAsync", 1000, 1, false));
+    ctl.reset();
+}
+
 #[test]
 fn the_emulator_as_cuda_12_uses_the_cuda_12_symbols() {
     let out = run_child("child_emulator_as_cuda_12", &[("CUDA_EMU_VERSION", "12090")]);
@@ -163,7 +245,7 @@ fn child_emulator_as_cuda_12() {
         return;
     }
     let path = emulator_path();
-    let rt = Runtime::load(&path).unwrap();
+    let rt = load(&path).unwrap();
     assert_eq!((rt.version(), rt.major()), (12090, 12));
     let ctl = cuda_sys::emulator::controls().unwrap();
     let count = |f: &str| ctl.call_count(f).unwrap();
@@ -175,7 +257,7 @@ fn child_emulator_as_cuda_12() {
     assert_eq!((count("cudaGetDeviceProperties_v2"), count("cudaGetDeviceProperties")), (v2 + 1, plain));
 
     // The same through cuda-safe, with this runtime as the process-wide one.
-    cuda_sys::set_runtime_path(path.clone()).unwrap();
+    set_path(path.clone()).unwrap();
     let info = cuda_safe::runtime_info().unwrap();
     assert_eq!(info.runtime_version, 12090);
     let d = cuda_safe::Device::get(0).unwrap();
@@ -269,7 +351,7 @@ fn wheel_runtimes_load_and_resolve_every_symbol() {
         let path = dir.join(file);
         assert!(path.is_file(), "{} is missing", path.display());
         let path = path.to_str().unwrap();
-        let rt = Runtime::load(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let rt = load(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         assert_eq!(rt.major(), major, "{rt:?}");
         assert_eq!(missing_symbols(path, major), Vec::<&str>::new(), "{path}");
         let mut n = -1;

@@ -109,6 +109,13 @@ const ENUMS: &[&str] = &["cudaError", "cudaMemcpyKind", "cudaDeviceAttr", "cudaM
 /// pointers to them untyped.
 const VERSIONED_STRUCTS: &[&str] = &["cudaDeviceProp"];
 
+/// CUDA 12 entry points whose `_v2` name arrived in a later 12.x, and whose
+/// unversioned symbol has the same C signature (and only older semantics): a
+/// CUDA 12 runtime without the `_v2` name is bound to the unversioned one.
+/// (`cudaGetDeviceProperties` is not here: its unversioned symbol takes the
+/// older struct layout.) `cudaEventElapsedTime_v2` arrived in 12.8.
+const SAME_ABI_FALLBACK_12: &[&str] = &["cudaEventElapsedTime"];
+
 struct Args {
     cuda13: PathBuf,
     cuda12: PathBuf,
@@ -317,19 +324,27 @@ fn generate_api(v13: &BTreeMap<String, Decl>, v12: &BTreeMap<String, Decl>) -> R
          \x20       major: i32,\n\
          \x20       mut lookup: impl FnMut(&'static str) -> *mut ::core::ffi::c_void,\n\
          \x20   ) -> Result<Self, &'static str> {\n\
-         \x20       let mut sym = |s13: &'static str, s12: &'static str| {\n\
+         \x20       let mut sym = |s13: &'static str, s12: &'static str, fallback12: Option<&'static str>| {\n\
          \x20           let name = if major >= 13 { s13 } else { s12 };\n\
-         \x20           let p = lookup(name);\n\
+         \x20           let mut p = lookup(name);\n\
+         \x20           if p.is_null() && major < 13 && let Some(f) = fallback12 {\n\
+         \x20               p = lookup(f);\n\
+         \x20           }\n\
          \x20           if p.is_null() { Err(name) } else { Ok(p) }\n\
          \x20       };\n\
          \x20       Ok(Self {\n",
     );
     for (name, ty, s13, s12) in &rows {
+        let fallback = if SAME_ABI_FALLBACK_12.contains(name) && s12.ends_with("_v2") {
+            format!("Some(\"{name}\\0\")")
+        } else {
+            "None".to_string()
+        };
         writeln!(
             s,
             "            // SAFETY: the caller guarantees the address is this function of the loaded runtime,\n\
              \x20           // whose C signature the headers give as this type.\n\
-             \x20           {name}: unsafe {{ ::core::mem::transmute::<*mut ::core::ffi::c_void, {ty}>(sym(\"{s13}\\0\", \"{s12}\\0\")?) }},"
+             \x20           {name}: unsafe {{ ::core::mem::transmute::<*mut ::core::ffi::c_void, {ty}>(sym(\"{s13}\\0\", \"{s12}\\0\", {fallback})?) }},"
         )
         .map_err(|e| e.to_string())?;
     }

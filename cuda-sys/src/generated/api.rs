@@ -155,138 +155,141 @@ impl Api {
         major: i32,
         mut lookup: impl FnMut(&'static str) -> *mut ::core::ffi::c_void,
     ) -> Result<Self, &'static str> {
-        let mut sym = |s13: &'static str, s12: &'static str| {
+        let mut sym = |s13: &'static str, s12: &'static str, fallback12: Option<&'static str>| {
             let name = if major >= 13 { s13 } else { s12 };
-            let p = lookup(name);
+            let mut p = lookup(name);
+            if p.is_null() && major < 13 && let Some(f) = fallback12 {
+                p = lookup(f);
+            }
             if p.is_null() { Err(name) } else { Ok(p) }
         };
         Ok(Self {
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaGetErrorName: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(error: cudaError_t) -> *const ::core::ffi::c_char>(sym("cudaGetErrorName\0", "cudaGetErrorName\0")?) },
+            cudaGetErrorName: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(error: cudaError_t) -> *const ::core::ffi::c_char>(sym("cudaGetErrorName\0", "cudaGetErrorName\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaGetErrorString: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(error: cudaError_t) -> *const ::core::ffi::c_char>(sym("cudaGetErrorString\0", "cudaGetErrorString\0")?) },
+            cudaGetErrorString: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(error: cudaError_t) -> *const ::core::ffi::c_char>(sym("cudaGetErrorString\0", "cudaGetErrorString\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaGetLastError: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn() -> cudaError_t>(sym("cudaGetLastError\0", "cudaGetLastError\0")?) },
+            cudaGetLastError: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn() -> cudaError_t>(sym("cudaGetLastError\0", "cudaGetLastError\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaPeekAtLastError: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn() -> cudaError_t>(sym("cudaPeekAtLastError\0", "cudaPeekAtLastError\0")?) },
+            cudaPeekAtLastError: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn() -> cudaError_t>(sym("cudaPeekAtLastError\0", "cudaPeekAtLastError\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaRuntimeGetVersion: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(runtimeVersion: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaRuntimeGetVersion\0", "cudaRuntimeGetVersion\0")?) },
+            cudaRuntimeGetVersion: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(runtimeVersion: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaRuntimeGetVersion\0", "cudaRuntimeGetVersion\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaDriverGetVersion: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(driverVersion: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaDriverGetVersion\0", "cudaDriverGetVersion\0")?) },
+            cudaDriverGetVersion: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(driverVersion: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaDriverGetVersion\0", "cudaDriverGetVersion\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaGetDeviceCount: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(count: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaGetDeviceCount\0", "cudaGetDeviceCount\0")?) },
+            cudaGetDeviceCount: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(count: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaGetDeviceCount\0", "cudaGetDeviceCount\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaSetDevice: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(device: ::core::ffi::c_int) -> cudaError_t>(sym("cudaSetDevice\0", "cudaSetDevice\0")?) },
+            cudaSetDevice: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(device: ::core::ffi::c_int) -> cudaError_t>(sym("cudaSetDevice\0", "cudaSetDevice\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaGetDevice: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(device: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaGetDevice\0", "cudaGetDevice\0")?) },
+            cudaGetDevice: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(device: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaGetDevice\0", "cudaGetDevice\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaDeviceGetAttribute: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(value: *mut ::core::ffi::c_int, attr: cudaDeviceAttr, device: ::core::ffi::c_int) -> cudaError_t>(sym("cudaDeviceGetAttribute\0", "cudaDeviceGetAttribute\0")?) },
+            cudaDeviceGetAttribute: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(value: *mut ::core::ffi::c_int, attr: cudaDeviceAttr, device: ::core::ffi::c_int) -> cudaError_t>(sym("cudaDeviceGetAttribute\0", "cudaDeviceGetAttribute\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaDeviceSynchronize: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn() -> cudaError_t>(sym("cudaDeviceSynchronize\0", "cudaDeviceSynchronize\0")?) },
+            cudaDeviceSynchronize: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn() -> cudaError_t>(sym("cudaDeviceSynchronize\0", "cudaDeviceSynchronize\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaMemGetInfo: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> cudaError_t>(sym("cudaMemGetInfo\0", "cudaMemGetInfo\0")?) },
+            cudaMemGetInfo: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> cudaError_t>(sym("cudaMemGetInfo\0", "cudaMemGetInfo\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaGetDeviceProperties: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(prop: *mut ::core::ffi::c_void, device: ::core::ffi::c_int) -> cudaError_t>(sym("cudaGetDeviceProperties\0", "cudaGetDeviceProperties_v2\0")?) },
+            cudaGetDeviceProperties: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(prop: *mut ::core::ffi::c_void, device: ::core::ffi::c_int) -> cudaError_t>(sym("cudaGetDeviceProperties\0", "cudaGetDeviceProperties_v2\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaDeviceGetStreamPriorityRange: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(leastPriority: *mut ::core::ffi::c_int, greatestPriority: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaDeviceGetStreamPriorityRange\0", "cudaDeviceGetStreamPriorityRange\0")?) },
+            cudaDeviceGetStreamPriorityRange: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(leastPriority: *mut ::core::ffi::c_int, greatestPriority: *mut ::core::ffi::c_int) -> cudaError_t>(sym("cudaDeviceGetStreamPriorityRange\0", "cudaDeviceGetStreamPriorityRange\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaMalloc: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut *mut ::core::ffi::c_void, size: usize) -> cudaError_t>(sym("cudaMalloc\0", "cudaMalloc\0")?) },
+            cudaMalloc: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut *mut ::core::ffi::c_void, size: usize) -> cudaError_t>(sym("cudaMalloc\0", "cudaMalloc\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaFree: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaFree\0", "cudaFree\0")?) },
+            cudaFree: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaFree\0", "cudaFree\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaHostAlloc: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pHost: *mut *mut ::core::ffi::c_void, size: usize, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaHostAlloc\0", "cudaHostAlloc\0")?) },
+            cudaHostAlloc: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pHost: *mut *mut ::core::ffi::c_void, size: usize, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaHostAlloc\0", "cudaHostAlloc\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaFreeHost: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaFreeHost\0", "cudaFreeHost\0")?) },
+            cudaFreeHost: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaFreeHost\0", "cudaFreeHost\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaHostRegister: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void, size: usize, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaHostRegister\0", "cudaHostRegister\0")?) },
+            cudaHostRegister: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void, size: usize, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaHostRegister\0", "cudaHostRegister\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaHostUnregister: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaHostUnregister\0", "cudaHostUnregister\0")?) },
+            cudaHostUnregister: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaHostUnregister\0", "cudaHostUnregister\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaHostGetDevicePointer: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pDevice: *mut *mut ::core::ffi::c_void, pHost: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaHostGetDevicePointer\0", "cudaHostGetDevicePointer\0")?) },
+            cudaHostGetDevicePointer: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pDevice: *mut *mut ::core::ffi::c_void, pHost: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaHostGetDevicePointer\0", "cudaHostGetDevicePointer\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaHostGetFlags: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pFlags: *mut ::core::ffi::c_uint, pHost: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaHostGetFlags\0", "cudaHostGetFlags\0")?) },
+            cudaHostGetFlags: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pFlags: *mut ::core::ffi::c_uint, pHost: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaHostGetFlags\0", "cudaHostGetFlags\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaPointerGetAttributes: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(attributes: *mut cudaPointerAttributes, ptr: *const ::core::ffi::c_void) -> cudaError_t>(sym("cudaPointerGetAttributes\0", "cudaPointerGetAttributes\0")?) },
+            cudaPointerGetAttributes: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(attributes: *mut cudaPointerAttributes, ptr: *const ::core::ffi::c_void) -> cudaError_t>(sym("cudaPointerGetAttributes\0", "cudaPointerGetAttributes\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaMemcpy: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(dst: *mut ::core::ffi::c_void, src: *const ::core::ffi::c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t>(sym("cudaMemcpy\0", "cudaMemcpy\0")?) },
+            cudaMemcpy: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(dst: *mut ::core::ffi::c_void, src: *const ::core::ffi::c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t>(sym("cudaMemcpy\0", "cudaMemcpy\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaMemcpyAsync: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(dst: *mut ::core::ffi::c_void, src: *const ::core::ffi::c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> cudaError_t>(sym("cudaMemcpyAsync\0", "cudaMemcpyAsync\0")?) },
+            cudaMemcpyAsync: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(dst: *mut ::core::ffi::c_void, src: *const ::core::ffi::c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> cudaError_t>(sym("cudaMemcpyAsync\0", "cudaMemcpyAsync\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaMemset: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut ::core::ffi::c_void, value: ::core::ffi::c_int, count: usize) -> cudaError_t>(sym("cudaMemset\0", "cudaMemset\0")?) },
+            cudaMemset: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut ::core::ffi::c_void, value: ::core::ffi::c_int, count: usize) -> cudaError_t>(sym("cudaMemset\0", "cudaMemset\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaMemsetAsync: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut ::core::ffi::c_void, value: ::core::ffi::c_int, count: usize, stream: cudaStream_t) -> cudaError_t>(sym("cudaMemsetAsync\0", "cudaMemsetAsync\0")?) },
+            cudaMemsetAsync: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(devPtr: *mut ::core::ffi::c_void, value: ::core::ffi::c_int, count: usize, stream: cudaStream_t) -> cudaError_t>(sym("cudaMemsetAsync\0", "cudaMemsetAsync\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaStreamCreate: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pStream: *mut cudaStream_t) -> cudaError_t>(sym("cudaStreamCreate\0", "cudaStreamCreate\0")?) },
+            cudaStreamCreate: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pStream: *mut cudaStream_t) -> cudaError_t>(sym("cudaStreamCreate\0", "cudaStreamCreate\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaStreamCreateWithFlags: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pStream: *mut cudaStream_t, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaStreamCreateWithFlags\0", "cudaStreamCreateWithFlags\0")?) },
+            cudaStreamCreateWithFlags: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pStream: *mut cudaStream_t, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaStreamCreateWithFlags\0", "cudaStreamCreateWithFlags\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaStreamCreateWithPriority: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pStream: *mut cudaStream_t, flags: ::core::ffi::c_uint, priority: ::core::ffi::c_int) -> cudaError_t>(sym("cudaStreamCreateWithPriority\0", "cudaStreamCreateWithPriority\0")?) },
+            cudaStreamCreateWithPriority: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(pStream: *mut cudaStream_t, flags: ::core::ffi::c_uint, priority: ::core::ffi::c_int) -> cudaError_t>(sym("cudaStreamCreateWithPriority\0", "cudaStreamCreateWithPriority\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaStreamDestroy: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t) -> cudaError_t>(sym("cudaStreamDestroy\0", "cudaStreamDestroy\0")?) },
+            cudaStreamDestroy: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t) -> cudaError_t>(sym("cudaStreamDestroy\0", "cudaStreamDestroy\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaStreamSynchronize: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t) -> cudaError_t>(sym("cudaStreamSynchronize\0", "cudaStreamSynchronize\0")?) },
+            cudaStreamSynchronize: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t) -> cudaError_t>(sym("cudaStreamSynchronize\0", "cudaStreamSynchronize\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaStreamQuery: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t) -> cudaError_t>(sym("cudaStreamQuery\0", "cudaStreamQuery\0")?) },
+            cudaStreamQuery: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t) -> cudaError_t>(sym("cudaStreamQuery\0", "cudaStreamQuery\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaStreamWaitEvent: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t, event: cudaEvent_t, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaStreamWaitEvent\0", "cudaStreamWaitEvent\0")?) },
+            cudaStreamWaitEvent: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t, event: cudaEvent_t, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaStreamWaitEvent\0", "cudaStreamWaitEvent\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaLaunchHostFunc: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaLaunchHostFunc\0", "cudaLaunchHostFunc\0")?) },
+            cudaLaunchHostFunc: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaLaunchHostFunc\0", "cudaLaunchHostFunc\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaEventCreate: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: *mut cudaEvent_t) -> cudaError_t>(sym("cudaEventCreate\0", "cudaEventCreate\0")?) },
+            cudaEventCreate: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: *mut cudaEvent_t) -> cudaError_t>(sym("cudaEventCreate\0", "cudaEventCreate\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaEventCreateWithFlags: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: *mut cudaEvent_t, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaEventCreateWithFlags\0", "cudaEventCreateWithFlags\0")?) },
+            cudaEventCreateWithFlags: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: *mut cudaEvent_t, flags: ::core::ffi::c_uint) -> cudaError_t>(sym("cudaEventCreateWithFlags\0", "cudaEventCreateWithFlags\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaEventRecord: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t, stream: cudaStream_t) -> cudaError_t>(sym("cudaEventRecord\0", "cudaEventRecord\0")?) },
+            cudaEventRecord: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t, stream: cudaStream_t) -> cudaError_t>(sym("cudaEventRecord\0", "cudaEventRecord\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaEventQuery: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t) -> cudaError_t>(sym("cudaEventQuery\0", "cudaEventQuery\0")?) },
+            cudaEventQuery: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t) -> cudaError_t>(sym("cudaEventQuery\0", "cudaEventQuery\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaEventSynchronize: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t) -> cudaError_t>(sym("cudaEventSynchronize\0", "cudaEventSynchronize\0")?) },
+            cudaEventSynchronize: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t) -> cudaError_t>(sym("cudaEventSynchronize\0", "cudaEventSynchronize\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaEventElapsedTime: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t) -> cudaError_t>(sym("cudaEventElapsedTime\0", "cudaEventElapsedTime_v2\0")?) },
+            cudaEventElapsedTime: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t) -> cudaError_t>(sym("cudaEventElapsedTime\0", "cudaEventElapsedTime_v2\0", Some("cudaEventElapsedTime\0"))?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
-            cudaEventDestroy: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t) -> cudaError_t>(sym("cudaEventDestroy\0", "cudaEventDestroy\0")?) },
+            cudaEventDestroy: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: cudaEvent_t) -> cudaError_t>(sym("cudaEventDestroy\0", "cudaEventDestroy\0", None)?) },
         })
     }
 

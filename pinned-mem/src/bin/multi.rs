@@ -79,8 +79,7 @@ fn run() -> Res<()> {
     }
     if emulated {
         #[cfg(feature = "emulator")]
-        cuda_sys::set_runtime_path(cuda_sys::emulator::library_path().map_err(err("emulator"))?)
-            .map_err(err("emulator"))?;
+        cuda_sys::emulator::install().map_err(err("emulator"))?;
         #[cfg(not(feature = "emulator"))]
         return Err("--emulated needs a build with --features emulator".into());
     }

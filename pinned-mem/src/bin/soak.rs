@@ -105,8 +105,7 @@ fn run() -> Result<bool, String> {
     let a = args()?;
     if a.emulated {
         #[cfg(feature = "emulator")]
-        cuda_sys::set_runtime_path(cuda_sys::emulator::library_path().map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
+        cuda_sys::emulator::install().map_err(|e| e.to_string())?;
         #[cfg(not(feature = "emulator"))]
         return Err("--emulated needs a build with --features emulator".into());
     }

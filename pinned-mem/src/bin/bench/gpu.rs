@@ -41,7 +41,7 @@ const EMULATOR_REBUILD: &str =
 fn use_emulator() -> Result<Option<String>> {
     let path = cuda_safe::sys::emulator::library_path()
         .map_err(|e| Fatal::NoGpu(format!("--emulated: the emulated runtime could not be made ready: {e}")))?;
-    cuda_safe::sys::set_runtime_path(path.clone())
+    cuda_safe::sys::emulator::install()
         .map_err(|e| Fatal::NoGpu(format!("--emulated: cannot select the emulated runtime: {e}")))?;
     Ok(Some(path))
 }
