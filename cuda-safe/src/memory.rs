@@ -811,11 +811,15 @@ impl<M: HostMemory> HostRegistration<M> {
 
     fn release(&mut self) -> Result<()> {
         self.fence.wait_all()?;
-        if let Some(d) = self.device {
-            d.ensure_current()?;
-        }
+        // Unregister even if the device cannot be made current (after a sticky
+        // error, say): the call may still work. Only its outcome decides
+        // whether the memory is free; if it failed, the first error is reported.
+        let switched = self.device.map_or(Ok(()), |d| d.ensure_current());
         // SAFETY: we registered `ptr`; no stream reads it any more.
-        unsafe { raw::host_unregister(self.ptr.cast_mut().cast()) }
+        match unsafe { raw::host_unregister(self.ptr.cast_mut().cast()) } {
+            Ok(()) => Ok(()),
+            Err(e) => Err(switched.err().unwrap_or(e)),
+        }
     }
 }
 

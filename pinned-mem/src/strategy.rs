@@ -107,20 +107,20 @@ impl Strategy {
     /// assert_eq!(Strategy::Ring { slots: 4, slot: 1 << 20, threads: 2 }.pinned_bytes(1 << 30), Some(4 << 20));
     /// ```
     pub fn pinned_bytes(&self, len: u64) -> Option<u64> {
-        // In u128, where no product of these can overflow; more than u64 holds
-        // reads as u64::MAX, which no budget grants.
+        // In u128, saturating; more than u64 holds reads as u64::MAX, which no
+        // budget grants.
         let page = u128::from(page_size());
-        let up = |x: u128, a: u128| x.div_ceil(a) * a;
+        let up = |x: u128, a: u128| x.div_ceil(a).saturating_mul(a);
         let n = |x: usize| x as u128;
         let bytes = match *self {
             Strategy::Auto => return None,
-            Strategy::WholeFile => up(u128::from(len), page) + page,
-            Strategy::Windows { window, in_flight } => up(n(window), page) * n(in_flight),
-            Strategy::Ring { slots, slot, .. } => n(slots) * n(slot),
-            Strategy::Hybrid { window, slot, threads } => {
-                up(n(window), page) * n(HYBRID_IN_FLIGHT) + n(threads) * n(HYBRID_SLOTS_PER_THREAD) * n(slot)
-            }
-            Strategy::Direct { slots, slot, .. } => n(slots) * up(n(slot), u128::from(DIRECT_ALIGN)),
+            Strategy::WholeFile => up(u128::from(len), page).saturating_add(page),
+            Strategy::Windows { window, in_flight } => up(n(window), page).saturating_mul(n(in_flight)),
+            Strategy::Ring { slots, slot, .. } => n(slots).saturating_mul(n(slot)),
+            Strategy::Hybrid { window, slot, threads } => up(n(window), page)
+                .saturating_mul(n(HYBRID_IN_FLIGHT))
+                .saturating_add(n(threads).saturating_mul(n(HYBRID_SLOTS_PER_THREAD)).saturating_mul(n(slot))),
+            Strategy::Direct { slots, slot, .. } => n(slots).saturating_mul(up(n(slot), u128::from(DIRECT_ALIGN))),
         };
         Some(u64::try_from(bytes).unwrap_or(u64::MAX))
     }
@@ -222,6 +222,15 @@ pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Stra
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pinned_bytes_saturates() {
+        let huge = super::Strategy::Hybrid { window: usize::MAX, slot: usize::MAX, threads: usize::MAX };
+        assert_eq!(huge.pinned_bytes(u64::MAX), Some(u64::MAX));
+        let huge = super::Strategy::Direct { slots: usize::MAX, slot: usize::MAX, threads: 1 };
+        assert_eq!(huge.pinned_bytes(1), Some(u64::MAX));
+        assert_eq!(super::Strategy::WholeFile.pinned_bytes(u64::MAX), Some(u64::MAX));
+    }
+
     use super::*;
 
     #[test]

@@ -23,7 +23,7 @@
 //! per batch, not per window); in the hybrid, ring copies keep the copy engine
 //! busy meanwhile.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::ops::Range;
@@ -50,8 +50,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 thread_local! {
-    /// The streamer whose progress callback this thread is running (0: none).
-    static IN_CALLBACK: Cell<usize> = const { Cell::new(0) };
+    /// The streamers whose progress callbacks this thread is inside, innermost
+    /// last (a callback may run another streamer, whose callback runs here too).
+    static IN_CALLBACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Copies from a cached whole-file registration are enqueued in pieces of this
@@ -611,7 +612,7 @@ impl Streamer {
     /// says so, on an agent thread the progress callback's mark does.
     fn enter(&self, what: &'static str) -> Result<(Owner<'_>, MutexGuard<'_, State>)> {
         let me = std::thread::current().id();
-        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(Cell::get) == self.id() {
+        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(|c| c.borrow().contains(&self.id())) {
             return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
         }
         let st = lock(&self.state);
@@ -1037,9 +1038,9 @@ impl Ctx<'_> {
         }
         let done = self.done.fetch_add(bytes, Ordering::AcqRel) + bytes;
         if let Some(p) = self.progress {
-            let outer = IN_CALLBACK.with(|c| c.replace(self.streamer));
+            IN_CALLBACK.with(|c| c.borrow_mut().push(self.streamer));
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p(done.min(self.total), self.total)));
-            IN_CALLBACK.with(|c| c.set(outer));
+            IN_CALLBACK.with(|c| c.borrow_mut().pop());
             if let Err(panic) = r {
                 self.fail(Error::WorkerPanicked { message: panic_message(panic.as_ref()) });
             }

@@ -463,6 +463,49 @@ fn reentrant_calls_are_refused() {
     t.assert_clean();
 }
 
+/// A's progress callback (on A's agent thread) runs B, whose inline pass calls
+/// B's progress callback on that same thread, which calls back into A: refused
+/// (InvalidArgument), not a deadlock on A's state.
+#[test]
+fn nested_streamers_refuse_calls_back_into_an_outer_one() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("nested");
+    let (file, _) = data_file(&dir, 16, 1 << 20);
+    let dev = Device::get(0).unwrap();
+    let budget = PinBudget::new(16 << 20);
+    let a_cell = Arc::new(std::sync::OnceLock::<std::sync::Weak<Streamer>>::new());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (ac, sn) = (a_cell.clone(), seen.clone());
+    let mut b_cfg = StreamConfig::new(Strategy::WholeFile, budget.clone());
+    b_cfg.progress = Some(Arc::new(move |_, _| {
+        if let Some(a) = ac.get().and_then(std::sync::Weak::upgrade) {
+            sn.lock().unwrap().push(a.release_pins().map_err(|e| e.to_string()));
+        }
+    }));
+    let b = Arc::new(Streamer::new(&[dev], b_cfg).unwrap());
+    let (bb, f2) = (b.clone(), file.clone());
+    let mut a_cfg = StreamConfig::new(Strategy::Windows { window: 256 << 10, in_flight: 2 }, budget.clone());
+    let ran = Arc::new(AtomicBool::new(false));
+    let r2 = ran.clone();
+    a_cfg.progress = Some(Arc::new(move |_, _| {
+        if !r2.swap(true, Ordering::AcqRel) {
+            let mut dst = DeviceBuffer::<u8>::new(&Device::get(0).unwrap(), 4096).unwrap();
+            bb.to_device(&f2, 0..4096, &mut dst).unwrap();
+        }
+    }));
+    let a = Arc::new(Streamer::new(&[dev], a_cfg).unwrap());
+    a_cell.set(Arc::downgrade(&a)).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev, 1 << 20).unwrap();
+    a.to_device(&file, 0..1 << 20, &mut dst).unwrap();
+    assert!(ran.load(Ordering::Acquire));
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    assert!(seen.iter().all(|r| r.as_ref().is_err_and(|e| e.contains("inside a callback"))), "{seen:?}");
+    drop((a, b, dst));
+    t.assert_clean();
+}
+
 #[test]
 fn verify_mode_confirms_and_detects_changes() {
     let t = start();

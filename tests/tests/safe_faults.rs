@@ -777,5 +777,21 @@ fn child_two_devices() {
     .unwrap();
     drop((s0, b0, src, back));
     t.assert_clean();
+
+    // A registration without `portable` is undone on the device it was made
+    // on, from a thread where the other device is current; and even when that
+    // device cannot be made current (a sticky error), the unregister is tried.
+    d1.make_current().unwrap();
+    let reg = HostRegistration::new(pattern(11, 1 << 20).into_boxed_slice(), RegisterFlags::default()).unwrap();
+    let reg2 = HostRegistration::new(pattern(12, 1 << 20).into_boxed_slice(), RegisterFlags::default()).unwrap();
+    d0.make_current().unwrap();
+    let sets = t.emu().call_count("cudaSetDevice").unwrap();
+    drop(reg.into_inner().unwrap());
+    assert_eq!(t.emu().call_count("cudaSetDevice").unwrap(), sets + 1, "device 1 made current to unregister");
+    d0.make_current().unwrap();
+    assert!(t.emu().inject_fault("cudaSetDevice", 1, 700, true));
+    drop(reg2);
+    assert_eq!(t.counters().unwrap().registrations, 0, "unregistered despite the failed switch");
+    t.emu().reset();
     println!("child child_two_devices ran");
 }
