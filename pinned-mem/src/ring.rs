@@ -750,7 +750,8 @@ impl FullSlot {
         let res = enqueue(&SlotSource { buf: &slot.buf, data: self.data.clone() });
         // Recorded even when `enqueue` failed part-way: whatever it enqueued is covered.
         let rec = slot.record(streams);
-        slot.unreported = self.data.len() as u64;
+        // Progress to report once the copies complete: none if they failed.
+        slot.unreported = if res.is_ok() { self.data.len() as u64 } else { 0 };
         res?;
         rec?;
         Ok(in_flight)

@@ -435,8 +435,10 @@ impl Streamer {
     /// # Errors
     /// [`Error::BadRange`], [`Error::InvalidArgument`] (length, or a device the
     /// streamer has no stream for), [`Error::BudgetExceeded`],
-    /// [`Error::DirectUnsupported`], and any CUDA or I/O error on the way; nothing
-    /// is left pinned, registered or in flight by the call on error.
+    /// [`Error::DirectUnsupported`], and any CUDA or I/O error on the way. On
+    /// error nothing is left in flight, and nothing pinned beyond what the
+    /// streamer keeps between calls (its ring and whole-file registrations,
+    /// which [`Streamer::release_pins`] gives back).
     pub fn to_device(&self, file: &Arc<MappedFile>, range: Range<u64>, dst: &mut DeviceBuffer<u8>) -> Result<Report> {
         self.to_devices(file, range, std::slice::from_mut(dst))
     }
@@ -579,7 +581,8 @@ impl Streamer {
         let sink = ChunkSink {
             start: range.start,
             end: range.end,
-            chunk: chunk as u64,
+            // A chunk larger than the range is the range (and no offset sum can overflow).
+            chunk: (chunk as u64).min(len.max(1)),
             devices: self.devices.clone(),
             pool: &pool,
             partial: HashMap::new(),
@@ -760,7 +763,8 @@ impl Streamer {
         mut on_msg: impl FnMut(S::Msg) -> Result<()>,
     ) -> Result<(Report, S)> {
         let len = range.end - range.start;
-        let strategy = self.pick(st, file, &range)?;
+        // An empty range moves nothing: no plan (which could refuse the budget).
+        let strategy = if len == 0 { self.config.strategy.normalized()? } else { self.pick(st, file, &range)? };
         let budget = &self.config.budget;
         let watch = budget.watch();
         let (t0, cpu0) = (Instant::now(), process_cpu_seconds());
@@ -792,6 +796,9 @@ impl Streamer {
         let usable = budget.available().saturating_add(kept(st));
         if !held && need(strategy) > usable {
             return Err(Error::BudgetExceeded { requested: need(strategy), available: usable, limit: budget.limit() });
+        }
+        if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
+            drop_overlapping(st, file, &range);
         }
         let mut whole_idx = None;
         let mut ring = None;
@@ -960,6 +967,22 @@ fn kept(st: &State) -> u64 {
     cache + st.ring.as_ref().map_or(0, |r| r.slots() as u64 * r.slot_bytes() as u64)
 }
 
+/// Gives back the streamer's own cached registrations of `file` that share
+/// pages with `range` without containing it: this pass's registrations of
+/// those pages would otherwise fail with `Overlap` (a registration cannot grow
+/// or be registered twice). Ones a caller also holds stay (the pass then
+/// reports the `Overlap`).
+fn drop_overlapping(st: &mut State, file: &Arc<MappedFile>, range: &Range<u64>) {
+    let page = page_size();
+    let pages = align_down(range.start, page)..align_up(range.end, page);
+    st.cache.retain(|c| {
+        let p = c.pinned_pages();
+        let overlaps = p.start < pages.end && pages.start < p.end;
+        let contains = c.range().start <= range.start && range.end <= c.range().end;
+        !(Arc::ptr_eq(c.file(), file) && overlaps && !contains && c.sharers() == 1)
+    });
+}
+
 fn cached(st: &State, file: &Arc<MappedFile>, range: &Range<u64>, portable: bool) -> Option<usize> {
     st.cache.iter().position(|c| {
         Arc::ptr_eq(c.file(), file)
@@ -1033,8 +1056,8 @@ impl Ctx<'_> {
     /// ([`Error::WorkerPanicked`]); the callback calling back into this
     /// streamer gets [`Error::InvalidArgument`] (see [`Streamer::enter`]).
     fn progress(&self, bytes: u64) {
-        if bytes == 0 {
-            return;
+        if bytes == 0 || self.aborted() {
+            return; // nothing landed, or the transfer has failed: no progress to tell
         }
         let done = self.done.fetch_add(bytes, Ordering::AcqRel) + bytes;
         if let Some(p) = self.progress {
@@ -1218,7 +1241,10 @@ fn window_agent<S: Sink>(
                     }
                 }
             }
-            queue.push_back(InFlightWindow { reg: own, set, mask: recorded, len });
+            // A piece whose copies failed is not progress (its events still cover
+            // whatever was enqueued).
+            let landed = if put.is_ok() { len } else { 0 };
+            queue.push_back(InFlightWindow { reg: own, set, mask: recorded, len: landed });
             put?;
             if let Some(e) = rec_err {
                 return Err(e.into());

@@ -155,6 +155,32 @@ fn unregister_failing_twice_keeps_the_pages_accounted() {
     t.assert_clean();
 }
 
+/// A copy that fails is not progress: the callback never reports its bytes
+/// (it used to, once the piece's events completed, or when the ring drained).
+#[test]
+fn failed_copies_are_not_reported_as_progress() {
+    let t = start_emulated();
+    let dir = Dir::new("f-progress");
+    let (file, _) = data_file(&dir, 4);
+    let dev = Device::get(0).unwrap();
+    for strategy in [Strategy::WholeFile, Strategy::Ring { slots: 4, slot: 64 << 10, threads: 2 }] {
+        let most = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let m = most.clone();
+        let mut cfg = StreamConfig::new(strategy, PinBudget::new(8 << 20));
+        cfg.progress = Some(Arc::new(move |done, _| {
+            m.fetch_max(done, Ordering::AcqRel);
+        }));
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        assert!(t.emu().inject_fault("cudaMemcpyAsync", 1, UNKNOWN, false));
+        expect_call(s.to_device(&file, 0..LEN as u64, &mut dst), "cudaMemcpyAsync");
+        t.emu().reset();
+        assert!(most.load(Ordering::Acquire) < LEN as u64, "{strategy}: progress reached the total");
+        drop((s, dst));
+    }
+    t.assert_clean();
+}
+
 #[test]
 fn host_alloc_fault_in_the_ring() {
     let t = start_emulated();

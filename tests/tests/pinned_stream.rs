@@ -687,6 +687,33 @@ fn a_kept_registration_checks_the_file_again() {
     t.assert_clean();
 }
 
+/// When the whole file does not fit the budget, a whole-file pass keeps a
+/// registration of just its range. A later pass over a range that shares pages
+/// with it (the next unaligned piece, say) must not fail with `Overlap`: the
+/// streamer gives its own cached registration back first.
+#[test]
+fn consecutive_pieces_do_not_overlap_the_kept_registration() {
+    let t = start();
+    let _w = Watchdog::new(60);
+    let dir = DiskDir::new("pieces");
+    let len = 3 << 20;
+    let (file, data) = data_file(&dir, 17, len);
+    let dev = Device::get(0).unwrap();
+    for strategy in [Strategy::WholeFile, Strategy::Auto] {
+        let budget = PinBudget::new(2 << 20); // less than the file: ranges, not the whole file, are kept
+        let s = streamer(strategy, &budget);
+        let mut first = DeviceBuffer::<u8>::new(&dev, 1_000_000).unwrap();
+        s.to_device(&file, 0..1_000_000, &mut first).unwrap();
+        let mut second = DeviceBuffer::<u8>::new(&dev, 1_000_000).unwrap();
+        s.to_device(&file, 1_000_000..2_000_000, &mut second).unwrap_or_else(|e| panic!("{strategy}: {e}"));
+        assert!(first.to_vec().unwrap() == data[..1_000_000], "{strategy}");
+        assert!(second.to_vec().unwrap() == data[1_000_000..2_000_000], "{strategy}");
+        drop((s, first, second));
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
+}
+
 #[test]
 fn cached_pins_make_room_for_other_work() {
     let t = start();
