@@ -205,6 +205,49 @@ pub fn open_mapped(path: impl AsRef<Path>) -> pinned_mem::Result<std::sync::Arc<
     unsafe { pinned_mem::MappedFile::open(path) }
 }
 
+/// Aborts the process if the test holding it hangs for `secs` seconds (the
+/// suite must never hang on an error path); dropping it ends the watch.
+pub struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Watchdog {
+    /// Starts watching the calling test.
+    pub fn new(secs: u64) -> Watchdog {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        std::thread::spawn(move || {
+            for _ in 0..secs * 10 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if d.load(Ordering::Acquire) {
+                    return;
+                }
+            }
+            eprintln!("test {name} hung for {secs} s");
+            std::process::abort();
+        });
+        Watchdog(done)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// `VmLck` of this process, in KiB (0 where `/proc` does not say).
+pub fn vm_lck_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmLck:"))
+                .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
 /// What a test run in a child process printed, from [`run_test_in_child`].
 pub struct ChildRun {
     /// The child's exit status and raw output.

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, TempDir, open_mapped, start, write_pattern_file};
+use integration_tests::{Ctx, TempDir, open_mapped, start, vm_lck_kb, write_pattern_file};
 use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer};
 
 const PAGE: u64 = 4096;
@@ -49,16 +49,6 @@ const CHILD_CASE: &str = "BAD_INPUT_CHILD_CASE";
 const CHILD_DIR: &str = "BAD_INPUT_CHILD_DIR";
 
 // ------------------------------------------------------------------ helpers
-
-/// `VmLck` of this process, in KiB.
-fn vm_lck_kb() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
-}
 
 /// Where a case makes its files: a folder of its own, or (in a child) the
 /// parent's, so that the parent removes it whatever the child could do.

@@ -4,10 +4,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, open_mapped, pattern, start_emulated};
+use integration_tests::{Ctx, Watchdog, open_mapped, pattern, start_emulated};
 use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer};
 
 const LEN: usize = (1 << 20) + 4321;
@@ -38,33 +38,6 @@ impl Dir {
 impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Aborts the process if a test hangs.
-struct Watchdog(Arc<AtomicBool>);
-
-impl Watchdog {
-    fn new(secs: u64) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        std::thread::spawn(move || {
-            for _ in 0..secs * 10 {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                if d.load(Ordering::Acquire) {
-                    return;
-                }
-            }
-            eprintln!("a fault test hung for {secs} s");
-            std::process::abort();
-        });
-        Watchdog(done)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, TempDir, open_mapped, start, write_pattern_file};
+use integration_tests::{Ctx, TempDir, open_mapped, start, vm_lck_kb, write_pattern_file};
 use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange};
 
 const PAGE: u64 = 4096;
@@ -25,15 +25,6 @@ fn round_trip(r: &PinnedRange) -> Vec<u8> {
 
 fn registrations(t: &Ctx) -> Option<(u64, u64)> {
     t.counters().map(|c| (c.registrations, c.registered_bytes))
-}
-
-fn vm_lck_kb() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
 }
 
 #[test]

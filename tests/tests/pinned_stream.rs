@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_safe::{Device, DeviceBuffer};
-use integration_tests::{Ctx, open_mapped, pattern, start};
+use integration_tests::{Ctx, Watchdog, open_mapped, pattern, start};
 use pinned_mem::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 const LEN: usize = (3 << 20) + 12345;
@@ -59,34 +59,6 @@ fn direct_works(dir: &Path) -> bool {
         && std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&p).is_ok();
     let _ = std::fs::remove_file(&p);
     ok
-}
-
-/// Aborts the process if a test hangs (the suite must never hang on an error path).
-struct Watchdog(Arc<AtomicBool>);
-
-impl Watchdog {
-    fn new(secs: u64) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        let name = std::thread::current().name().unwrap_or("?").to_string();
-        std::thread::spawn(move || {
-            for _ in 0..secs * 10 {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                if d.load(Ordering::Acquire) {
-                    return;
-                }
-            }
-            eprintln!("test {name} hung for {secs} s");
-            std::process::abort();
-        });
-        Watchdog(done)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-    }
 }
 
 fn data_file(dir: &DiskDir, seed: u64, len: usize) -> (Arc<MappedFile>, Vec<u8>) {
