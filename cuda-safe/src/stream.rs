@@ -174,7 +174,7 @@ impl Fence {
             if let Err(e) = u.stream.wait_for(u.seq) {
                 let mut s = self.state.lock();
                 for u in &reads[i..] {
-                    s.restore_read(u);
+                    s.note_read_slow(&u.stream, u.seq); // keeps a newer read of the stream
                 }
                 return Err(e);
             }
@@ -198,14 +198,6 @@ impl Fence {
 impl FenceState {
     fn reads(&self) -> impl Iterator<Item = &Use> {
         self.read.iter().chain(self.more_reads.iter())
-    }
-
-    /// Puts back a read taken by `take_reads`, keeping a newer one of the same stream.
-    fn restore_read(&mut self, old: &Use) {
-        match self.read.iter_mut().chain(self.more_reads.iter_mut()).find(|u| Arc::ptr_eq(&u.stream, &old.stream)) {
-            Some(u) => u.seq = u.seq.max(old.seq),
-            None => self.note_read_slow(&old.stream, old.seq),
-        }
     }
 
     fn take_reads(&mut self) -> Vec<Use> {
@@ -260,7 +252,7 @@ impl FenceState {
     fn note_read_slow(&mut self, stream: &Arc<StreamInner>, seq: u64) {
         if let Some(u) = self.read.iter_mut().chain(self.more_reads.iter_mut()).find(|u| Arc::ptr_eq(&u.stream, stream))
         {
-            u.seq = seq;
+            u.seq = u.seq.max(seq); // (also puts back reads `wait_all` took)
             return;
         }
         let mut kept = self.take_reads();

@@ -860,62 +860,60 @@ impl Streamer {
             let agent = std::panic::AssertUnwindSafe(|| window_agent(&ctx, &claims, src, &sink, &tx));
             match std::panic::catch_unwind(agent) {
                 Ok(r) => ctx.outcome(r),
-                // A panicking progress callback, as on an agent thread.
+                // A panic in the agent itself, reported as an agent thread's.
                 Err(p) => ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) }),
             }
-        }
-        std::thread::scope(|s| {
-            if inline.is_some() {
-                return;
-            }
-            let (tx, rx) = sync_channel::<S::Msg>(depth);
-            let mut handles = Vec::new();
-            let windows = match strategy {
-                Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
-                Strategy::Windows { window, in_flight } => {
-                    Some(WindowSrc::Register { window: window as u64, in_flight })
-                }
-                Strategy::Hybrid { window, .. } => {
-                    Some(WindowSrc::Register { window: window as u64, in_flight: HYBRID_IN_FLIGHT })
-                }
-                _ => None,
-            };
-            if let Some(src) = windows {
-                let (ctx, claims, sink, tx) = (&ctx, &claims, &sink, tx.clone());
-                handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
-            }
-            let ring_threads = match strategy {
-                Strategy::Ring { slot, threads, .. } => Some((threads, slot as u64, false)),
-                Strategy::Hybrid { slot, threads, .. } => Some((threads, slot as u64, true)),
-                Strategy::Direct { slot, threads, .. } => Some((threads, slot as u64, false)),
-                _ => None,
-            };
-            if let (Some((threads, slot, from_back)), Some(ring)) = (ring_threads, ring.as_ref()) {
-                let fill = match &direct_file {
-                    Some(f) => Fill::Direct(f),
-                    None => Fill::Read,
+        } else {
+            std::thread::scope(|s| {
+                let (tx, rx) = sync_channel::<S::Msg>(depth);
+                let mut handles = Vec::new();
+                let windows = match strategy {
+                    Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
+                    Strategy::Windows { window, in_flight } => {
+                        Some(WindowSrc::Register { window: window as u64, in_flight })
+                    }
+                    Strategy::Hybrid { window, .. } => {
+                        Some(WindowSrc::Register { window: window as u64, in_flight: HYBRID_IN_FLIGHT })
+                    }
+                    _ => None,
                 };
-                for _ in 0..threads {
+                if let Some(src) = windows {
                     let (ctx, claims, sink, tx) = (&ctx, &claims, &sink, tx.clone());
-                    handles.push(s.spawn(move || {
-                        ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, sink, &tx));
-                    }));
+                    handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
                 }
-            }
-            drop(tx);
-            for msg in rx.iter() {
-                if let Err(e) = on_msg(msg) {
-                    ctx.fail(e);
-                    break;
+                let ring_threads = match strategy {
+                    Strategy::Ring { slot, threads, .. } => Some((threads, slot as u64, false)),
+                    Strategy::Hybrid { slot, threads, .. } => Some((threads, slot as u64, true)),
+                    Strategy::Direct { slot, threads, .. } => Some((threads, slot as u64, false)),
+                    _ => None,
+                };
+                if let (Some((threads, slot, from_back)), Some(ring)) = (ring_threads, ring.as_ref()) {
+                    let fill = match &direct_file {
+                        Some(f) => Fill::Direct(f),
+                        None => Fill::Read,
+                    };
+                    for _ in 0..threads {
+                        let (ctx, claims, sink, tx) = (&ctx, &claims, &sink, tx.clone());
+                        handles.push(s.spawn(move || {
+                            ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, sink, &tx));
+                        }));
+                    }
                 }
-            }
-            drop(rx); // senders blocked on a full channel now fail and stop
-            for h in handles {
-                if let Err(p) = h.join() {
-                    ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) });
+                drop(tx);
+                for msg in rx.iter() {
+                    if let Err(e) = on_msg(msg) {
+                        ctx.fail(e);
+                        break;
+                    }
                 }
-            }
-        });
+                drop(rx); // senders blocked on a full channel now fail and stop
+                for h in handles {
+                    if let Err(p) = h.join() {
+                        ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) });
+                    }
+                }
+            });
+        }
 
         // Every agent is done: wait for what is still in flight.
         if let Some(r) = &ring {
