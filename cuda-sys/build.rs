@@ -3,21 +3,21 @@ use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    if build_support::is_docs_rs() {
+    if wirespeed_build::is_docs_rs() {
         return;
     }
     if std::env::var_os("CARGO_FEATURE_EMULATOR").is_some() {
         let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
         let src = PathBuf::from("emu/cudart_emu.c");
         println!("cargo:rerun-if-changed=emu/cudart_emu.h");
-        match build_support::build_shared_library("cudart_emu", &[src], &out) {
+        match wirespeed_build::build_shared_library("cudart_emu", &[src], &out) {
             Ok(path) => println!("cargo:rustc-env=CUDA_SYS_EMULATOR_PATH={}", path.display()),
             Err(e) => panic!("building the emulated CUDA runtime: {e}"),
         }
     }
     if std::env::var_os("CARGO_FEATURE_LINK").is_some() {
-        match build_support::find_cuda() {
-            Some(cuda) => build_support::emit_link(&cuda),
+        match wirespeed_build::find_cuda() {
+            Some(cuda) => wirespeed_build::emit_link(&cuda),
             None => panic!(
                 "feature `link`: no CUDA found; set CUDA_PATH (or CUDA_HOME, CUDA_ROOT, CUDA_TOOLKIT_ROOT_DIR), \
                  install the nvidia-cuda-runtime wheel, or build without `link` to load libcudart at run time"

@@ -14,11 +14,11 @@
 //!
 //! ```no_run
 //! // build.rs
-//! if build_support::is_docs_rs() {
+//! if wirespeed_build::is_docs_rs() {
 //!     return;
 //! }
-//! if let Some(cuda) = build_support::find_cuda() {
-//!     build_support::emit_link(&cuda);
+//! if let Some(cuda) = wirespeed_build::find_cuda() {
+//!     wirespeed_build::emit_link(&cuda);
 //! }
 //! ```
 
@@ -58,7 +58,7 @@ pub struct WheelIncludes {
 /// neither look for CUDA nor link it.
 ///
 /// ```
-/// let _ = build_support::is_docs_rs();
+/// let _ = wirespeed_build::is_docs_rs();
 /// ```
 pub fn is_docs_rs() -> bool {
     env_var("DOCS_RS").is_some()
@@ -68,7 +68,7 @@ pub fn is_docs_rs() -> bool {
 /// it changes. Empty values count as unset.
 ///
 /// ```
-/// assert_eq!(build_support::env_var("BUILD_SUPPORT_SURELY_UNSET"), None);
+/// assert_eq!(wirespeed_build::env_var("BUILD_SUPPORT_SURELY_UNSET"), None);
 /// ```
 pub fn env_var(name: &str) -> Option<String> {
     if std::env::var_os("CARGO").is_some() && std::env::var_os("OUT_DIR").is_some() {
@@ -103,7 +103,7 @@ fn has_cudart(dir: &Path) -> bool {
 /// Returns `None` when there is none.
 ///
 /// ```
-/// match build_support::find_cuda() {
+/// match wirespeed_build::find_cuda() {
 ///     Some(c) => println!("CUDA at {} ({})", c.root.display(), c.found_by),
 ///     None => println!("no CUDA here"),
 /// }
@@ -153,7 +153,7 @@ pub fn wheel_site_dirs() -> Vec<PathBuf> {
 /// Finds the include folders of the CUDA runtime wheels (see [`WheelIncludes`]).
 ///
 /// ```
-/// let w = build_support::find_cuda_wheel_includes();
+/// let w = wirespeed_build::find_cuda_wheel_includes();
 /// if let Some(dir) = w.cuda13 { assert!(dir.join("cuda_runtime_api.h").is_file()); }
 /// ```
 pub fn find_cuda_wheel_includes() -> WheelIncludes {

@@ -2,8 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::raw;
-use cuda_sys::cudaDeviceAttr;
 use std::cell::Cell;
+use wirespeed_cuda_sys::cudaDeviceAttr;
 
 thread_local! {
     /// The device this crate last made current on this thread (-1: unknown).
@@ -15,9 +15,9 @@ thread_local! {
 /// two GPUs in one program, never use the wrong device.
 ///
 /// ```
-/// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-/// for d in cuda_safe::Device::all()? {
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// for d in wirespeed_cuda::Device::all()? {
 ///     let (free, total) = d.mem_info()?;
 ///     println!("{}: {} ({free} of {total} bytes free)", d.ordinal(), d.name()?);
 /// }
@@ -179,7 +179,7 @@ impl Device {
 /// The loaded runtime's version and path, and the driver's version.
 ///
 /// ```
-/// match cuda_safe::runtime_info() {
+/// match wirespeed_cuda::runtime_info() {
 ///     Ok(i) => println!("{i:?}"),
 ///     Err(e) => println!("{e}"),
 /// }
@@ -188,7 +188,7 @@ impl Device {
 /// # Errors
 /// [`Error::Load`] when no runtime can be loaded.
 pub fn runtime_info() -> Result<RuntimeInfo> {
-    let rt = cuda_sys::runtime()?;
+    let rt = wirespeed_cuda_sys::runtime()?;
     let driver = raw::driver_version()?;
     Ok(RuntimeInfo { runtime_version: rt.version(), driver_version: driver, path: rt.path().to_string() })
 }

@@ -1,7 +1,7 @@
 //! Errors: every fallible call returns [`Result`], never panics.
 
-use cuda_sys::{LoadError, cudaError_t};
 use std::fmt;
+use wirespeed_cuda_sys::{LoadError, cudaError_t};
 
 /// The result of every fallible call of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -42,7 +42,7 @@ impl Error {
     #[cold]
     #[inline(never)]
     pub(crate) fn cuda(call: &'static str, code: cudaError_t) -> Self {
-        let (name, message) = match cuda_sys::runtime() {
+        let (name, message) = match wirespeed_cuda_sys::runtime() {
             Ok(rt) => (rt.error_name(code), rt.error_string(code)),
             Err(_) => (format!("cudaError({})", code.0), String::new()),
         };
@@ -75,7 +75,7 @@ impl Error {
     /// in this process.
     ///
     /// ```
-    /// let e = cuda_safe::Error::Cuda { call: "cudaMemcpyAsync", code: 700, name: "cudaErrorIllegalAddress".into(), message: String::new() };
+    /// let e = wirespeed_cuda::Error::Cuda { call: "cudaMemcpyAsync", code: 700, name: "cudaErrorIllegalAddress".into(), message: String::new() };
     /// assert!(e.is_sticky());
     /// ```
     pub fn is_sticky(&self) -> bool {

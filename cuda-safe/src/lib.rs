@@ -36,9 +36,9 @@
 //! # Example: double-buffered upload, with no `unsafe`
 //!
 //! ```
-//! use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
-//! # fn main() -> cuda_safe::Result<()> {
-//! # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+//! use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
+//! # fn main() -> wirespeed_cuda::Result<()> {
+//! # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
 //! let dev = Device::get(0)?;
 //! let stream = Stream::new(&dev)?;
 //! let chunk = 1 << 20;
@@ -65,11 +65,11 @@
 //!
 //! # Loading
 //!
-//! The runtime is loaded at first use by [`cuda_sys::runtime`]; see there for
+//! The runtime is loaded at first use by [`wirespeed_cuda_sys::runtime`]; see there for
 //! the search order, or set `CUDA_SYS_RUNTIME`.
 //!
 //! The examples in these docs run as doctests on the emulated runtime (no GPU
-//! needed): a hidden first line, `cuda_safe::sys::emulator::install()?`,
+//! needed): a hidden first line, `wirespeed_cuda::sys::emulator::install()?`,
 //! points the loader at it (cuda-sys's `emulator` feature, on for this crate's
 //! tests). Without that line they use the real runtime, unchanged.
 
@@ -90,4 +90,4 @@ pub use memory::{
 pub use stream::{Event, EventOptions, Fence, Pending, Stream, StreamOptions};
 
 /// The raw bindings, re-exported for interop.
-pub use cuda_sys as sys;
+pub use wirespeed_cuda_sys as sys;

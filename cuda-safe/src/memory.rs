@@ -9,10 +9,10 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::raw;
 use crate::stream::{Fence, Pending, Stream};
-use cuda_sys::cudaMemcpyKind;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, Range, RangeBounds};
+use wirespeed_cuda_sys::cudaMemcpyKind;
 
 /// Plain old data: any bit pattern is a valid value, no padding, no pointers
 /// that matter. Only such types may be copied to and from a GPU.
@@ -96,10 +96,10 @@ pub trait DeviceSink<T: Pod>: sealed::Sealed {
 /// for every stream still using it, then frees it.
 ///
 /// ```
-/// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-/// let dev = cuda_safe::Device::get(0)?;
-/// let mut d = cuda_safe::DeviceBuffer::<u32>::zeroed(&dev, 1024)?;
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// let dev = wirespeed_cuda::Device::get(0)?;
+/// let mut d = wirespeed_cuda::DeviceBuffer::<u32>::zeroed(&dev, 1024)?;
 /// d.copy_from_slice(&[7; 1024])?;            // synchronous, from pageable memory
 /// assert_eq!(d.to_vec()?[0], 7);
 /// # Ok(()) }
@@ -348,15 +348,15 @@ pub struct PinnedFlags {
 
 impl PinnedFlags {
     fn bits(self) -> u32 {
-        let mut b = cuda_sys::cudaHostAllocDefault;
+        let mut b = wirespeed_cuda_sys::cudaHostAllocDefault;
         if self.portable {
-            b |= cuda_sys::cudaHostAllocPortable;
+            b |= wirespeed_cuda_sys::cudaHostAllocPortable;
         }
         if self.mapped {
-            b |= cuda_sys::cudaHostAllocMapped;
+            b |= wirespeed_cuda_sys::cudaHostAllocMapped;
         }
         if self.write_combined {
-            b |= cuda_sys::cudaHostAllocWriteCombined;
+            b |= wirespeed_cuda_sys::cudaHostAllocWriteCombined;
         }
         b
     }
@@ -369,9 +369,9 @@ impl PinnedFlags {
 /// device: allocate once and reuse it.
 ///
 /// ```
-/// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-/// let mut p = cuda_safe::PinnedBuffer::<u8>::new(4096)?;
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// let mut p = wirespeed_cuda::PinnedBuffer::<u8>::new(4096)?;
 /// p.as_mut_slice()?[0] = 42;
 /// assert_eq!(p.as_slice()?[0], 42);
 /// # Ok(()) }
@@ -652,15 +652,15 @@ pub struct RegisterFlags {
 impl RegisterFlags {
     /// The raw `cudaHostRegister*` bits.
     pub fn bits(self) -> u32 {
-        let mut b = cuda_sys::cudaHostRegisterDefault;
+        let mut b = wirespeed_cuda_sys::cudaHostRegisterDefault;
         if self.portable {
-            b |= cuda_sys::cudaHostRegisterPortable;
+            b |= wirespeed_cuda_sys::cudaHostRegisterPortable;
         }
         if self.mapped {
-            b |= cuda_sys::cudaHostRegisterMapped;
+            b |= wirespeed_cuda_sys::cudaHostRegisterMapped;
         }
         if self.read_only {
-            b |= cuda_sys::cudaHostRegisterReadOnly;
+            b |= wirespeed_cuda_sys::cudaHostRegisterReadOnly;
         }
         b
     }
@@ -674,9 +674,9 @@ impl RegisterFlags {
 /// every stream still reading it, unregisters, then drops `M`.
 ///
 /// ```
-/// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-/// use cuda_safe::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
 /// let dev = Device::get(0)?;
 /// let data: Box<[u8]> = vec![1u8; 1 << 20].into_boxed_slice();
 /// let reg = HostRegistration::new(data, RegisterFlags::default())?;

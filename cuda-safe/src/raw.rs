@@ -6,8 +6,8 @@
 //! or device addresses are `unsafe`: the caller vouches for the memory.
 
 use crate::error::{Error, Result};
-use cuda_sys::{Api, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaStream_t};
 use std::ffi::{c_int, c_uint, c_void};
+use wirespeed_cuda_sys::{Api, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaStream_t};
 
 /// Where an asynchronous call goes: a stream, with the function table its
 /// owner fetched once (the per-copy path then skips [`api`]).
@@ -19,7 +19,7 @@ pub(crate) struct Queue {
 
 /// The loaded runtime's function table.
 pub(crate) fn api() -> Result<&'static Api> {
-    Ok(cuda_sys::runtime()?.api())
+    Ok(wirespeed_cuda_sys::runtime()?.api())
 }
 
 #[inline]
@@ -68,7 +68,7 @@ pub(crate) fn device_attribute(attr: cudaDeviceAttr, ordinal: i32) -> Result<i32
 
 pub(crate) fn device_name(ordinal: i32) -> Result<String> {
     let api = api()?;
-    let mut buf = Box::new(cuda_sys::DevicePropBuffer::new());
+    let mut buf = Box::new(wirespeed_cuda_sys::DevicePropBuffer::new());
     // SAFETY: the buffer is as large and aligned as the cudaDeviceProp of either
     // supported major version (cuda-sys asserts it); the loader resolved the
     // symbol matching the loaded version.
@@ -167,7 +167,7 @@ pub(crate) fn host_get_device_pointer(p: *const c_void) -> Result<*mut c_void> {
 /// What the runtime knows of an address: `(memory type, device)`.
 pub(crate) fn pointer_attributes(p: *const c_void) -> Result<(u32, i32)> {
     let api = api()?;
-    let mut a = cuda_sys::cudaPointerAttributes::default();
+    let mut a = wirespeed_cuda_sys::cudaPointerAttributes::default();
     // SAFETY: `a` is the larger (CUDA 13) layout, valid for either version; the
     // runtime only looks the address up.
     check("cudaPointerGetAttributes", unsafe { (api.cudaPointerGetAttributes)(&mut a, p) })?;

@@ -11,11 +11,11 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::raw::{self, Queue};
 use crate::sync::SpinLock;
-use cuda_sys::{Api, cudaEvent_t, cudaStream_t};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use wirespeed_cuda_sys::{Api, cudaEvent_t, cudaStream_t};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -79,7 +79,7 @@ impl StreamInner {
         let ev = match *cross {
             Some(e) => e,
             None => {
-                let e = raw::event_create(cuda_sys::cudaEventDisableTiming)?;
+                let e = raw::event_create(wirespeed_cuda_sys::cudaEventDisableTiming)?;
                 *cross = Some(e);
                 e
             }
@@ -300,9 +300,9 @@ pub struct StreamOptions {
 /// and shared between threads; it makes its device current for every call.
 ///
 /// ```
-/// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-/// use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 /// let dev = Device::get(0)?;
 /// let stream = Stream::new(&dev)?;
 /// let mut host = PinnedBuffer::<f32>::new(1 << 20)?;
@@ -338,7 +338,11 @@ impl Stream {
     /// The runtime's error.
     pub fn with_options(device: &Device, options: StreamOptions) -> Result<Stream> {
         device.ensure_current()?;
-        let flags = if options.non_blocking { cuda_sys::cudaStreamNonBlocking } else { cuda_sys::cudaStreamDefault };
+        let flags = if options.non_blocking {
+            wirespeed_cuda_sys::cudaStreamNonBlocking
+        } else {
+            wirespeed_cuda_sys::cudaStreamDefault
+        };
         let api = raw::api()?;
         let raw = raw::stream_create(flags, options.priority)?;
         Ok(Stream::wrap(raw, api, *device, true))
@@ -367,7 +371,7 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Load`] when this crate cannot load the runtime (it makes its
-    /// calls through [`cuda_sys::runtime`], whoever made the stream).
+    /// calls through [`wirespeed_cuda_sys::runtime`], whoever made the stream).
     pub unsafe fn from_raw(raw: cudaStream_t, device: Device, owned: bool) -> Result<Stream> {
         Ok(Stream::wrap(raw, raw::api()?, device, owned))
     }
@@ -452,9 +456,9 @@ impl Stream {
     /// deadlock). If the context is lost before it runs, `f` is leaked, not run.
     ///
     /// ```
-    /// # fn main() -> cuda_safe::Result<()> {
-    /// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-    /// let stream = cuda_safe::Stream::new(&cuda_safe::Device::get(0)?)?;
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let stream = wirespeed_cuda::Stream::new(&wirespeed_cuda::Device::get(0)?)?;
     /// let (tx, rx) = std::sync::mpsc::channel();
     /// stream.launch_host_fn(move || { let _ = tx.send("done"); })?;
     /// assert_eq!(rx.recv().unwrap(), "done");
@@ -583,9 +587,9 @@ pub struct EventOptions {
 /// A CUDA event: a point in a stream's work that the host or other streams can wait for.
 ///
 /// ```
-/// # fn main() -> cuda_safe::Result<()> {
-/// # cuda_safe::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-/// use cuda_safe::{Device, Event, EventOptions, Stream};
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// use wirespeed_cuda::{Device, Event, EventOptions, Stream};
 /// let dev = Device::get(0)?;
 /// let s = Stream::new(&dev)?;
 /// let (a, b) = (Event::new(&dev, EventOptions { timing: true, ..Default::default() })?, Event::new(&dev, EventOptions { timing: true, ..Default::default() })?);
@@ -631,10 +635,10 @@ impl Event {
         device.ensure_current()?;
         let mut flags = 0;
         if !options.timing {
-            flags |= cuda_sys::cudaEventDisableTiming;
+            flags |= wirespeed_cuda_sys::cudaEventDisableTiming;
         }
         if options.blocking_sync {
-            flags |= cuda_sys::cudaEventBlockingSync;
+            flags |= wirespeed_cuda_sys::cudaEventBlockingSync;
         }
         let raw = raw::event_create(flags)?;
         Ok(Event { raw, device: *device, recorded: Mutex::new(Recorded::default()) })

@@ -2,18 +2,18 @@
 //! whether every bound symbol resolves.
 //!
 //! ```text
-//! cargo run -p cuda-sys --example probe                 # the default search order
-//! cargo run -p cuda-sys --example probe -- /path/libcudart.so.12 ...
+//! cargo run -p wirespeed-cuda-sys --example probe                 # the default search order
+//! cargo run -p wirespeed-cuda-sys --example probe -- /path/libcudart.so.12 ...
 //! ```
 use std::process::ExitCode;
 
-fn probe(rt: &'static cuda_sys::Runtime) -> bool {
+fn probe(rt: &'static wirespeed_cuda_sys::Runtime) -> bool {
     let api = rt.api();
     println!("loaded {} (runtime {}, major {})", rt.path(), rt.version(), rt.major());
     // Every symbol of the table resolved when the runtime loaded; say which names.
     let names: Vec<&str> =
-        cuda_sys::SYMBOLS.iter().map(|(_, s13, s12)| if rt.major() >= 13 { *s13 } else { *s12 }).collect();
-    println!("  {} of {} bound symbols resolved ({})", names.len(), cuda_sys::SYMBOLS.len(), names.join(" "));
+        wirespeed_cuda_sys::SYMBOLS.iter().map(|(_, s13, s12)| if rt.major() >= 13 { *s13 } else { *s12 }).collect();
+    println!("  {} of {} bound symbols resolved ({})", names.len(), wirespeed_cuda_sys::SYMBOLS.len(), names.join(" "));
     let mut driver = 0;
     // SAFETY: valid place for the version.
     unsafe { (api.cudaDriverGetVersion)(&mut driver) };
@@ -26,13 +26,17 @@ fn probe(rt: &'static cuda_sys::Runtime) -> bool {
         return false;
     }
     for d in 0..n {
-        let mut p = Box::new(cuda_sys::DevicePropBuffer::new());
+        let mut p = Box::new(wirespeed_cuda_sys::DevicePropBuffer::new());
         // SAFETY: the buffer fits either version's cudaDeviceProp.
         let c = unsafe { (api.cudaGetDeviceProperties)(p.0.as_mut_ptr().cast(), d) };
         let mut ro = 0;
         // SAFETY: valid place for the value.
         unsafe {
-            (api.cudaDeviceGetAttribute)(&mut ro, cuda_sys::cudaDeviceAttr::cudaDevAttrHostRegisterReadOnlySupported, d)
+            (api.cudaDeviceGetAttribute)(
+                &mut ro,
+                wirespeed_cuda_sys::cudaDeviceAttr::cudaDevAttrHostRegisterReadOnlySupported,
+                d,
+            )
         };
         println!("  device {d}: {:?} ({}), read-only host register supported: {ro}", p.name(), rt.error_name(c));
     }
@@ -43,7 +47,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut ok = true;
     if args.is_empty() {
-        match cuda_sys::runtime() {
+        match wirespeed_cuda_sys::runtime() {
             Ok(rt) => ok &= probe(rt),
             Err(e) => {
                 println!("{e}");
@@ -54,7 +58,7 @@ fn main() -> ExitCode {
     for path in &args {
         // SAFETY: the user names a CUDA runtime to probe (that is what this
         // program is for); it is version-checked, and its symbols looked up.
-        match unsafe { cuda_sys::Runtime::load(path) } {
+        match unsafe { wirespeed_cuda_sys::Runtime::load(path) } {
             Ok(rt) => ok &= probe(rt),
             Err(e) => {
                 println!("{path}: {e}");

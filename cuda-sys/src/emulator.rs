@@ -16,8 +16,8 @@
 //! Where it differs from real CUDA: see `cuda-sys/emu/DIFFERENCES.md`.
 //!
 //! ```
-//! let rt = cuda_sys::emulator::load().expect("the emulator builds with this crate");
-//! let ctl = cuda_sys::emulator::controls().unwrap();
+//! let rt = wirespeed_cuda_sys::emulator::load().expect("the emulator builds with this crate");
+//! let ctl = wirespeed_cuda_sys::emulator::controls().unwrap();
 //! let mut n = 0;
 //! // SAFETY: `n` is a valid place for the count.
 //! assert_eq!(unsafe { (rt.api().cudaGetDeviceCount)(&mut n) }.0, 0);
@@ -185,9 +185,9 @@ pub fn load() -> Result<&'static Runtime, LoadError> {
 /// the library is this crate's own.
 ///
 /// ```
-/// cuda_sys::emulator::install()?;
-/// assert!(cuda_sys::runtime()?.path().contains("cudart_emu"));
-/// # Ok::<(), cuda_sys::LoadError>(())
+/// wirespeed_cuda_sys::emulator::install()?;
+/// assert!(wirespeed_cuda_sys::runtime()?.path().contains("cudart_emu"));
+/// # Ok::<(), wirespeed_cuda_sys::LoadError>(())
 /// ```
 ///
 /// # Errors

@@ -14,7 +14,7 @@
 //!   ([`emulator`]) that the loader can load by path.
 //!
 //! ```
-//! match cuda_sys::runtime() {
+//! match wirespeed_cuda_sys::runtime() {
 //!     Ok(rt) => {
 //!         let mut n = 0;
 //!         // SAFETY: `n` is a valid place for the count.

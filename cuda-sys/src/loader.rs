@@ -126,8 +126,8 @@ impl Runtime {
     /// ```
     /// // A name that does not exist gives a typed error, never a panic.
     /// // SAFETY: had it existed, it would have been a CUDA runtime.
-    /// let err = unsafe { cuda_sys::Runtime::load("libcudart-that-does-not-exist.so") }.unwrap_err();
-    /// assert!(matches!(err, cuda_sys::LoadError::NotFound { .. }));
+    /// let err = unsafe { wirespeed_cuda_sys::Runtime::load("libcudart-that-does-not-exist.so") }.unwrap_err();
+    /// assert!(matches!(err, wirespeed_cuda_sys::LoadError::NotFound { .. }));
     /// ```
     ///
     /// # Safety
@@ -297,7 +297,7 @@ static GLOBAL: OnceLock<Result<&'static Runtime, LoadError>> = OnceLock::new();
 /// ```
 /// // Before anything used the runtime:
 /// // SAFETY: the path names a CUDA runtime.
-/// let _ = unsafe { cuda_sys::set_runtime_path("/opt/cuda/lib64/libcudart.so.13") };
+/// let _ = unsafe { wirespeed_cuda_sys::set_runtime_path("/opt/cuda/lib64/libcudart.so.13") };
 /// ```
 ///
 /// # Safety

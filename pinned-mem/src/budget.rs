@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 /// A limit on pinned (page-locked) bytes, shared by clones (an `Arc` inside).
 ///
 /// ```
-/// use pinned_mem::PinBudget;
+/// use wirespeed_pinned::PinBudget;
 /// let budget = PinBudget::new(8 << 20);
 /// let a = budget.reserve(6 << 20)?;
 /// assert_eq!(budget.used(), 6 << 20);
@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 /// drop(a);
 /// assert_eq!(budget.used(), 0);
 /// assert_eq!(budget.peak(), 6 << 20);
-/// # Ok::<(), pinned_mem::Error>(())
+/// # Ok::<(), wirespeed_pinned::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct PinBudget {
@@ -56,7 +56,7 @@ impl PinBudget {
     /// A budget of `limit_bytes` pinned bytes.
     ///
     /// ```
-    /// let b = pinned_mem::PinBudget::new(1 << 30);
+    /// let b = wirespeed_pinned::PinBudget::new(1 << 30);
     /// assert_eq!(b.limit(), 1 << 30);
     /// ```
     pub fn new(limit_bytes: u64) -> PinBudget {
@@ -66,7 +66,7 @@ impl PinBudget {
     /// A budget without a limit (it still counts `used` and `peak`).
     ///
     /// ```
-    /// assert_eq!(pinned_mem::PinBudget::unlimited().limit(), u64::MAX);
+    /// assert_eq!(wirespeed_pinned::PinBudget::unlimited().limit(), u64::MAX);
     /// ```
     pub fn unlimited() -> PinBudget {
         PinBudget::new(u64::MAX)
@@ -75,7 +75,7 @@ impl PinBudget {
     /// The limit in bytes (`u64::MAX` when unlimited).
     ///
     /// ```
-    /// assert_eq!(pinned_mem::PinBudget::new(5).limit(), 5);
+    /// assert_eq!(wirespeed_pinned::PinBudget::new(5).limit(), 5);
     /// ```
     pub fn limit(&self) -> u64 {
         self.inner.limit
@@ -84,10 +84,10 @@ impl PinBudget {
     /// Bytes pinned now through this budget.
     ///
     /// ```
-    /// let b = pinned_mem::PinBudget::new(100);
+    /// let b = wirespeed_pinned::PinBudget::new(100);
     /// let _r = b.reserve(40)?;
     /// assert_eq!(b.used(), 40);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn used(&self) -> u64 {
         lock(&self.inner.state).used
@@ -96,10 +96,10 @@ impl PinBudget {
     /// Bytes that can still be pinned.
     ///
     /// ```
-    /// let b = pinned_mem::PinBudget::new(100);
+    /// let b = wirespeed_pinned::PinBudget::new(100);
     /// let _r = b.reserve(40)?;
     /// assert_eq!(b.available(), 60);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn available(&self) -> u64 {
         self.inner.limit.saturating_sub(self.used())
@@ -108,10 +108,10 @@ impl PinBudget {
     /// The most bytes pinned at once since creation or [`PinBudget::reset_peak`].
     ///
     /// ```
-    /// let b = pinned_mem::PinBudget::new(100);
+    /// let b = wirespeed_pinned::PinBudget::new(100);
     /// drop(b.reserve(70)?);
     /// assert_eq!((b.used(), b.peak()), (0, 70));
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn peak(&self) -> u64 {
         lock(&self.inner.state).peak
@@ -120,11 +120,11 @@ impl PinBudget {
     /// Restarts the peak from what is pinned now.
     ///
     /// ```
-    /// let b = pinned_mem::PinBudget::new(100);
+    /// let b = wirespeed_pinned::PinBudget::new(100);
     /// drop(b.reserve(70)?);
     /// b.reset_peak();
     /// assert_eq!(b.peak(), 0);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn reset_peak(&self) {
         let mut s = lock(&self.inner.state);
@@ -135,11 +135,11 @@ impl PinBudget {
     /// Use it to account for pinned memory made outside this crate.
     ///
     /// ```
-    /// let b = pinned_mem::PinBudget::new(100);
+    /// let b = wirespeed_pinned::PinBudget::new(100);
     /// let r = b.reserve(100)?;
-    /// assert!(matches!(b.reserve(1), Err(pinned_mem::Error::BudgetExceeded { requested: 1, available: 0, limit: 100 })));
+    /// assert!(matches!(b.reserve(1), Err(wirespeed_pinned::Error::BudgetExceeded { requested: 1, available: 0, limit: 100 })));
     /// drop(r);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -167,9 +167,9 @@ impl PinBudget {
     /// True when both handles share one budget.
     ///
     /// ```
-    /// let a = pinned_mem::PinBudget::new(1);
+    /// let a = wirespeed_pinned::PinBudget::new(1);
     /// assert!(a.same(&a.clone()));
-    /// assert!(!a.same(&pinned_mem::PinBudget::new(1)));
+    /// assert!(!a.same(&wirespeed_pinned::PinBudget::new(1)));
     /// ```
     pub fn same(&self, other: &PinBudget) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -197,10 +197,10 @@ impl PinBudget {
 /// only leaks budget (never memory safety).
 ///
 /// ```
-/// let b = pinned_mem::PinBudget::new(10);
+/// let b = wirespeed_pinned::PinBudget::new(10);
 /// let r = b.reserve(4)?;
 /// assert_eq!(r.bytes(), 4);
-/// # Ok::<(), pinned_mem::Error>(())
+/// # Ok::<(), wirespeed_pinned::Error>(())
 /// ```
 #[must_use = "the bytes go back to the budget when the reservation is dropped"]
 pub struct Reservation {

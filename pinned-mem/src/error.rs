@@ -12,7 +12,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What went wrong.
 ///
 /// ```
-/// let e = pinned_mem::Error::BudgetExceeded { requested: 3 << 30, available: 1 << 30, limit: 2 << 30 };
+/// let e = wirespeed_pinned::Error::BudgetExceeded { requested: 3 << 30, available: 1 << 30, limit: 2 << 30 };
 /// assert!(e.to_string().contains("pin budget"));
 /// assert_eq!(e.cuda_call(), None);
 /// ```
@@ -20,7 +20,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A CUDA runtime call failed (the inner error names the call, see [`Error::cuda_call`]).
-    Cuda(cuda_safe::Error),
+    Cuda(wirespeed_cuda::Error),
     /// A system call on a file failed.
     Io {
         /// What was being done (`"open"`, `"mmap"`, `"pread"`, ...).
@@ -120,20 +120,20 @@ impl Error {
     /// The CUDA runtime function that failed (`"cudaHostRegister"`), for CUDA errors.
     ///
     /// ```
-    /// let e = pinned_mem::Error::from(cuda_safe::Error::Cuda {
+    /// let e = wirespeed_pinned::Error::from(wirespeed_cuda::Error::Cuda {
     ///     call: "cudaHostRegister", code: 2, name: "cudaErrorMemoryAllocation".into(), message: String::new(),
     /// });
     /// assert_eq!(e.cuda_call(), Some("cudaHostRegister"));
     /// ```
     pub fn cuda_call(&self) -> Option<&str> {
         match self {
-            Error::Cuda(e @ cuda_safe::Error::Cuda { .. }) => Some(e.call()),
+            Error::Cuda(e @ wirespeed_cuda::Error::Cuda { .. }) => Some(e.call()),
             _ => None,
         }
     }
 
     /// The CUDA error, when this is one.
-    pub fn as_cuda(&self) -> Option<&cuda_safe::Error> {
+    pub fn as_cuda(&self) -> Option<&wirespeed_cuda::Error> {
         match self {
             Error::Cuda(e) => Some(e),
             _ => None,
@@ -141,9 +141,9 @@ impl Error {
     }
 
     /// True when the CUDA context is lost and nothing on the device will work
-    /// again in this process (see [`cuda_safe::Error::is_sticky`]).
+    /// again in this process (see [`wirespeed_cuda::Error::is_sticky`]).
     pub fn is_sticky(&self) -> bool {
-        self.as_cuda().is_some_and(cuda_safe::Error::is_sticky)
+        self.as_cuda().is_some_and(wirespeed_cuda::Error::is_sticky)
     }
 }
 
@@ -206,8 +206,8 @@ impl std::error::Error for Error {
     }
 }
 
-impl From<cuda_safe::Error> for Error {
-    fn from(e: cuda_safe::Error) -> Self {
+impl From<wirespeed_cuda::Error> for Error {
+    fn from(e: wirespeed_cuda::Error) -> Self {
         Error::Cuda(e)
     }
 }
@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn cuda_call_is_named() {
-        let e: Error = cuda_safe::Error::Cuda {
+        let e: Error = wirespeed_cuda::Error::Cuda {
             call: "cudaMemcpyAsync",
             code: 700,
             name: "cudaErrorIllegalAddress".into(),

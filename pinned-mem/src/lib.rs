@@ -41,7 +41,7 @@
 //!
 //! Built on `cuda-safe`: every buffer's fence makes host access and `Drop` wait
 //! for the device, and nothing relies on a destructor running. Registered file
-//! windows own an `Arc<MappedFile>` inside the `cuda_safe::HostRegistration`
+//! windows own an `Arc<MappedFile>` inside the `wirespeed_cuda::HostRegistration`
 //! that owns them, so leaking anything leaks the mapping rather than unmapping
 //! it under a DMA. `unsafe` lives in `mapping.rs` (mmap, munmap, madvise,
 //! mincore, the `HostMemory` impl) and `memlock.rs` (mlock, munlock).
@@ -55,9 +55,9 @@
 //! # Example
 //!
 //! ```no_run
-//! use pinned_mem::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
-//! use cuda_safe::{Device, DeviceBuffer};
-//! # fn main() -> pinned_mem::Result<()> {
+//! use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
+//! use wirespeed_cuda::{Device, DeviceBuffer};
+//! # fn main() -> wirespeed_pinned::Result<()> {
 //! let dev = Device::get(0)?;
 //! let file = unsafe { MappedFile::open("/data/seed.bin") }?;
 //! let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;

@@ -29,9 +29,9 @@ use crate::util::{align_down, align_up, page_size};
 /// or leaks.
 ///
 /// ```no_run
-/// # fn main() -> pinned_mem::Result<()> {
+/// # fn main() -> wirespeed_pinned::Result<()> {
 /// // SAFETY: nothing writes or truncates the file while it is mapped.
-/// let file = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+/// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
 /// println!("{}: {} bytes, first byte {}", file.path().display(), file.len(), file.as_bytes()[0]);
 /// # Ok(()) }
 /// ```
@@ -82,9 +82,9 @@ impl MappedFile {
     ///
     /// ```no_run
     /// // SAFETY: the file is ours and stays unchanged while mapped.
-    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// assert!(f.len() > 0);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Safety
@@ -155,9 +155,9 @@ impl MappedFile {
     /// The file's length in bytes (never 0).
     ///
     /// ```no_run
-    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// println!("{} bytes", f.len());
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     #[allow(clippy::len_without_is_empty)] // a mapped file is never empty
     pub fn len(&self) -> u64 {
@@ -167,9 +167,9 @@ impl MappedFile {
     /// The path it was opened with.
     ///
     /// ```no_run
-    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// assert_eq!(f.path(), std::path::Path::new("/data/seed.bin"));
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn path(&self) -> &Path {
         &self.path
@@ -179,10 +179,10 @@ impl MappedFile {
     ///
     /// ```no_run
     /// use std::os::unix::fs::FileExt;
-    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// let mut head = [0u8; 16];
     /// f.file().read_exact_at(&mut head, 0).unwrap();
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn file(&self) -> &File {
         &self.file
@@ -191,9 +191,9 @@ impl MappedFile {
     /// All the file's bytes, through the mapping (pages fault in on first touch).
     ///
     /// ```no_run
-    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// let sum: u64 = f.as_bytes()[..4096].iter().map(|&b| u64::from(b)).sum();
-    /// # let _ = sum; Ok::<(), pinned_mem::Error>(())
+    /// # let _ = sum; Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: `ptr` maps `map_len >= len` readable bytes for as long as
@@ -212,9 +212,9 @@ impl MappedFile {
     /// then skipped, and only the pages no one maps are dropped.
     ///
     /// ```no_run
-    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// f.drop_page_cache()?;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -235,10 +235,10 @@ impl MappedFile {
     /// in whole pages and clipped to `range`.
     ///
     /// ```no_run
-    /// let f = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// let cached = f.resident_bytes(0..f.len())?;
     /// println!("{:.0}% cached", 100.0 * cached as f64 / f.len() as f64);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -415,7 +415,7 @@ impl Drop for FileWindow {
 // unsafe `MappedFile::open` vouched that no one writes or truncates the file
 // while it is mapped. Registrations of it must be read-only, which
 // `PinnedRange` always asks for.
-unsafe impl cuda_safe::HostMemory for FileWindow {
+unsafe impl wirespeed_cuda::HostMemory for FileWindow {
     fn as_ptr(&self) -> *const u8 {
         self.start().as_ptr()
     }
@@ -427,7 +427,7 @@ unsafe impl cuda_safe::HostMemory for FileWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cuda_safe::HostMemory;
+    use wirespeed_cuda::HostMemory;
 
     fn open(p: impl AsRef<Path>) -> Result<Arc<MappedFile>> {
         // SAFETY: the test files are this test's own, unchanged while mapped.

@@ -20,7 +20,7 @@ const CAP_IPC_LOCK: u32 = 14;
 /// The soft `RLIMIT_MEMLOCK` in bytes, or `None` when unlimited (or unreadable).
 ///
 /// ```
-/// match pinned_mem::memlock_limit() {
+/// match wirespeed_pinned::memlock_limit() {
 ///     Some(bytes) => println!("mlock limit: {bytes} bytes"),
 ///     None => println!("no mlock limit"),
 /// }
@@ -37,7 +37,7 @@ pub fn memlock_limit() -> Option<u64> {
 /// for it (unlimited, or the process has `CAP_IPC_LOCK`).
 ///
 /// ```
-/// if let Some(left) = pinned_mem::memlock_headroom() {
+/// if let Some(left) = wirespeed_pinned::memlock_headroom() {
 ///     println!("{left} bytes may still be locked");
 /// }
 /// ```

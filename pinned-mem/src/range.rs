@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use cuda_safe::{HostRegistration, PinnedSlice, RegisterFlags};
+use wirespeed_cuda::{HostRegistration, PinnedSlice, RegisterFlags};
 
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
@@ -21,7 +21,7 @@ use crate::util::{align_down, align_up, page_size};
 /// How to pin a range.
 ///
 /// ```
-/// let opts = pinned_mem::PinOptions { mlock: true, ..Default::default() };
+/// let opts = wirespeed_pinned::PinOptions { mlock: true, ..Default::default() };
 /// assert!(!opts.portable);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,9 +124,9 @@ impl Registered {
 /// [released](PinnedRange::release); `Drop` first waits for copies reading it.
 ///
 /// ```no_run
-/// use pinned_mem::{MappedFile, PinBudget, PinOptions, PinnedRange};
-/// use cuda_safe::{Device, DeviceBuffer, Stream};
-/// # fn main() -> pinned_mem::Result<()> {
+/// use wirespeed_pinned::{MappedFile, PinBudget, PinOptions, PinnedRange};
+/// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+/// # fn main() -> wirespeed_pinned::Result<()> {
 /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
 /// let budget = PinBudget::new(4 << 30);
 /// let range = PinnedRange::new(&file, 1000..(1 << 20) + 1000, PinOptions::default(), &budget)?;
@@ -160,7 +160,7 @@ impl PinnedRange {
     /// registration).
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 0..file.len(), PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
@@ -287,7 +287,7 @@ impl PinnedRange {
     /// Exactly the bytes asked for, as a source of asynchronous copies.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 10..20, PinOptions::default(), &PinBudget::unlimited())?;
@@ -303,7 +303,7 @@ impl PinnedRange {
     /// Bytes `r` of the range (relative to its start) as a copy source.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 0..4096, PinOptions::default(), &PinBudget::unlimited())?;
@@ -327,7 +327,7 @@ impl PinnedRange {
     /// The bytes, read through the mapping.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 0..16, PinOptions::default(), &PinBudget::unlimited())?;
@@ -341,7 +341,7 @@ impl PinnedRange {
     /// The file bytes asked for.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
@@ -355,7 +355,7 @@ impl PinnedRange {
     /// The number of bytes asked for (never 0).
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// assert_eq!(PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?.len(), 4);
@@ -370,7 +370,7 @@ impl PinnedRange {
     /// larger registration this range shares.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
@@ -384,7 +384,7 @@ impl PinnedRange {
     /// True when the pages are also `mlock`-ed.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { mlock: true, ..Default::default() }, &PinBudget::unlimited())?;
@@ -398,7 +398,7 @@ impl PinnedRange {
     /// True when registered for every device.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
@@ -412,7 +412,7 @@ impl PinnedRange {
     /// How many ranges share this registration (1 when alone).
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let b = PinBudget::unlimited();
@@ -428,7 +428,7 @@ impl PinnedRange {
     /// The mapped file.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
@@ -444,7 +444,7 @@ impl PinnedRange {
     /// `cudaHostUnregister`'s error (dropping does the same, silently).
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
     /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
     /// PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?.release()?;

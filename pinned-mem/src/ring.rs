@@ -16,11 +16,11 @@
 //! since each handle holds the ring's shared state, keeps the whole ring (its K
 //! pinned slots and its budget reservation) alive for the rest of the process;
 //! memory safety never depends on it, since each slot is a
-//! [`PinnedBuffer`](cuda_safe::PinnedBuffer) whose fence makes host access wait
+//! [`PinnedBuffer`](wirespeed_cuda::PinnedBuffer) whose fence makes host access wait
 //! for the device anyway.
 //!
 //! ```compile_fail
-//! # fn f(ring: &pinned_mem::PinnedRing, stream: &cuda_safe::Stream, dst: &mut cuda_safe::DeviceBuffer<u8>) -> pinned_mem::Result<()> {
+//! # fn f(ring: &wirespeed_pinned::PinnedRing, stream: &wirespeed_cuda::Stream, dst: &mut wirespeed_cuda::DeviceBuffer<u8>) -> wirespeed_pinned::Result<()> {
 //! let full = ring.acquire()?.fill(0..16)?;
 //! let in_flight = full.copy_to_device(stream, dst)?;
 //! full.data()?; // error: the slot moved into the copy; only the in-flight handle is left
@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cuda_safe::{Device, DeviceSink, Event, EventOptions, PinnedBuffer, PinnedFlags, PinnedSlice, Stream};
+use wirespeed_cuda::{Device, DeviceSink, Event, EventOptions, PinnedBuffer, PinnedFlags, PinnedSlice, Stream};
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
@@ -48,9 +48,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// completed. Cloning gives another handle to the same ring.
 ///
 /// ```no_run
-/// use pinned_mem::{PinBudget, PinnedRing};
-/// use cuda_safe::{Device, DeviceBuffer, Stream};
-/// # fn main() -> pinned_mem::Result<()> {
+/// use wirespeed_pinned::{PinBudget, PinnedRing};
+/// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+/// # fn main() -> wirespeed_pinned::Result<()> {
 /// let dev = Device::get(0)?;
 /// let stream = Stream::new(&dev)?;
 /// let ring = PinnedRing::new(4, 1 << 20, &PinBudget::new(64 << 20))?;
@@ -170,9 +170,9 @@ impl PinnedRing {
     /// ring's only allocation.
     ///
     /// ```no_run
-    /// let ring = pinned_mem::PinnedRing::new(8, 16 << 20, &pinned_mem::PinBudget::new(1 << 30))?;
+    /// let ring = wirespeed_pinned::PinnedRing::new(8, 16 << 20, &wirespeed_pinned::PinBudget::new(1 << 30))?;
     /// assert_eq!((ring.slots(), ring.slot_bytes()), (8, 16 << 20));
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -212,9 +212,9 @@ impl PinnedRing {
     /// The number of slots.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(3, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.slots(), 3);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn slots(&self) -> usize {
         self.inner.slots
@@ -223,9 +223,9 @@ impl PinnedRing {
     /// The size of each slot in bytes.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(3, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.slot_bytes(), 4096);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn slot_bytes(&self) -> usize {
         self.inner.slot_bytes
@@ -235,9 +235,9 @@ impl PinnedRing {
     /// after start-up, and it never grows.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(3, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.allocations(), 3);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn allocations(&self) -> u64 {
         self.inner.allocations.load(Ordering::Relaxed)
@@ -246,10 +246,10 @@ impl PinnedRing {
     /// Slots free now (not counting in-flight ones whose copies may have finished).
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(3, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let s = ring.acquire()?;
     /// assert_eq!(ring.free_slots(), 2);
-    /// # drop(s); Ok::<(), pinned_mem::Error>(())
+    /// # drop(s); Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn free_slots(&self) -> usize {
         lock(&self.inner.state).free.len()
@@ -258,9 +258,9 @@ impl PinnedRing {
     /// Slots whose copies were submitted and not yet waited for.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(3, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.in_flight_slots(), 0);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn in_flight_slots(&self) -> usize {
         lock(&self.inner.state).in_flight.len()
@@ -274,10 +274,10 @@ impl PinnedRing {
     /// forever: use [`PinnedRing::try_acquire`] or [`PinnedRing::acquire_timeout`] then.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(2, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(2, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let mut slot = ring.acquire()?;
     /// slot.as_mut_slice()?[0] = 1;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -290,10 +290,10 @@ impl PinnedRing {
     /// other threads; may wait for the oldest in-flight copy).
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let a = ring.try_acquire()?.expect("one slot");
     /// assert!(ring.try_acquire()?.is_none());
-    /// # drop(a); Ok::<(), pinned_mem::Error>(())
+    /// # drop(a); Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -305,10 +305,10 @@ impl PinnedRing {
     /// As [`PinnedRing::acquire`], giving up with `None` after `timeout`.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let _a = ring.acquire()?;
     /// assert!(ring.acquire_timeout(std::time::Duration::from_millis(1))?.is_none());
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -350,10 +350,10 @@ impl PinnedRing {
     /// bytes of those copies (for progress accounting).
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// ring.drain()?;
     /// assert_eq!(ring.in_flight_slots(), 0);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -399,10 +399,10 @@ impl RingInner {
 /// Dropping it returns it to the ring's free list.
 ///
 /// ```no_run
-/// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+/// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
 /// let full = ring.acquire()?.fill_with(|buf| { buf[..3].copy_from_slice(b"abc"); Ok(3) })?;
 /// assert_eq!(full.data()?, b"abc");
-/// # Ok::<(), pinned_mem::Error>(())
+/// # Ok::<(), wirespeed_pinned::Error>(())
 /// ```
 pub struct FreeSlot {
     slot: Option<Slot>,
@@ -428,9 +428,9 @@ impl FreeSlot {
     /// Which slot of the ring this is (0-based).
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.index(), 0);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn index(&self) -> usize {
         self.slot.as_ref().map_or(usize::MAX, |s| s.index)
@@ -439,9 +439,9 @@ impl FreeSlot {
     /// The slot's size in bytes.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.capacity(), 4096);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn capacity(&self) -> usize {
         self.ring.slot_bytes
@@ -451,9 +451,9 @@ impl FreeSlot {
     /// handing it out (0 when none): for progress accounting.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.completed_bytes(), 0);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn completed_bytes(&self) -> u64 {
         self.completed
@@ -462,10 +462,10 @@ impl FreeSlot {
     /// The whole slot, writable (page-aligned: fit for `O_DIRECT` reads).
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let mut s = ring.acquire()?;
     /// s.as_mut_slice()?.fill(7);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -480,12 +480,12 @@ impl FreeSlot {
     /// Marks bytes `data` of the slot as the content to copy.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let mut s = ring.acquire()?;
     /// s.as_mut_slice()?[..4].copy_from_slice(b"data");
     /// let full = s.fill(0..4)?;
     /// assert_eq!(full.len(), 4);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -504,9 +504,9 @@ impl FreeSlot {
     /// Fills the slot with `f`, which returns how many bytes (from the start) it wrote.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let full = ring.acquire()?.fill_with(|b| { b.fill(1); Ok(b.len()) })?;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -519,10 +519,10 @@ impl FreeSlot {
     /// Copies `src` (e.g. part of a mapping) into the slot.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
-    /// let file = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// let full = ring.acquire()?.copy_from(&file.as_bytes()[..4096])?;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -543,10 +543,10 @@ impl FreeSlot {
     /// Reads `len` bytes of `file` at `offset` into the slot (`pread`).
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
-    /// let file = unsafe { pinned_mem::MappedFile::open("/data/seed.bin") }?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
     /// let full = ring.acquire()?.read_from(&file, 0, 4096)?;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -587,10 +587,10 @@ impl Drop for FreeSlot {
 /// Dropping it unused returns it to the free list.
 ///
 /// ```no_run
-/// # use cuda_safe::*;
-/// # fn main() -> pinned_mem::Result<()> {
+/// # use wirespeed_cuda::*;
+/// # fn main() -> wirespeed_pinned::Result<()> {
 /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
-/// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+/// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
 /// let mut dst = DeviceBuffer::<u8>::new(&dev, 3)?;
 /// let full = ring.acquire()?.copy_from(b"abc")?;
 /// let in_flight = full.copy_to_device(&stream, &mut dst)?;
@@ -650,9 +650,9 @@ impl FullSlot {
     /// The number of filled bytes.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.copy_from(b"ab")?.len(), 2);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn len(&self) -> usize {
         self.data.len()
@@ -661,9 +661,9 @@ impl FullSlot {
     /// True when nothing was filled.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert!(ring.acquire()?.fill(0..0)?.is_empty());
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
@@ -672,9 +672,9 @@ impl FullSlot {
     /// The filled bytes, for the host to read.
     ///
     /// ```no_run
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.copy_from(b"ab")?.data()?, b"ab");
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -690,10 +690,10 @@ impl FullSlot {
     /// slot's event after it, and hands the slot over as in flight.
     ///
     /// ```no_run
-    /// # use cuda_safe::*;
-    /// # fn main() -> pinned_mem::Result<()> {
+    /// # use wirespeed_cuda::*;
+    /// # fn main() -> wirespeed_pinned::Result<()> {
     /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
     /// drop(ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?);
     /// # Ok(()) }
@@ -716,11 +716,11 @@ impl FullSlot {
     /// safe: the slot's fence covers every copy).
     ///
     /// ```no_run
-    /// # use cuda_safe::*;
-    /// # fn main() -> pinned_mem::Result<()> {
+    /// # use wirespeed_cuda::*;
+    /// # fn main() -> wirespeed_pinned::Result<()> {
     /// # let (d0, d1) = (Device::get(0)?, Device::get(1)?);
     /// # let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let (mut a, mut b) = (DeviceBuffer::<u8>::new(&d0, 2)?, DeviceBuffer::<u8>::new(&d1, 2)?);
     /// let full = ring.acquire()?.copy_from(b"ab")?;
     /// let in_flight = full.submit(&[&s0, &s1], |src| {
@@ -784,10 +784,10 @@ impl InFlightSlot {
     /// True when its copies completed (asks the events, does not wait).
     ///
     /// ```no_run
-    /// # use cuda_safe::*;
-    /// # fn main() -> pinned_mem::Result<()> {
+    /// # use wirespeed_cuda::*;
+    /// # fn main() -> wirespeed_pinned::Result<()> {
     /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// # let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
     /// let f = ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?;
     /// while !f.is_complete()? {}
@@ -804,10 +804,10 @@ impl InFlightSlot {
     /// slot free.
     ///
     /// ```no_run
-    /// # use cuda_safe::*;
-    /// # fn main() -> pinned_mem::Result<()> {
+    /// # use wirespeed_cuda::*;
+    /// # fn main() -> wirespeed_pinned::Result<()> {
     /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
-    /// # let ring = pinned_mem::PinnedRing::new(1, 4096, &pinned_mem::PinBudget::unlimited())?;
+    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// # let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
     /// let free = ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?.wait()?;
     /// assert_eq!(free.completed_bytes(), 2);

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, PinnedSlice, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, PinnedSlice, Stream};
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};

@@ -8,7 +8,7 @@ use crate::util::{Bytes, align_up, page_size};
 /// How a [`Streamer`](crate::Streamer) moves bytes. Sizes are in bytes.
 ///
 /// ```
-/// use pinned_mem::Strategy;
+/// use wirespeed_pinned::Strategy;
 /// assert_eq!(Strategy::Auto.to_string(), "auto");
 /// assert_eq!(Strategy::Windows { window: 256 << 20, in_flight: 3 }.to_string(), "windows 256 MiB x3");
 /// assert_eq!(Strategy::Ring { slots: 8, slot: 16 << 20, threads: 4 }.to_string(), "ring 8 x 16 MiB, 4 threads");
@@ -103,7 +103,7 @@ impl Strategy {
     /// (`None` for `Auto`).
     ///
     /// ```
-    /// use pinned_mem::Strategy;
+    /// use wirespeed_pinned::Strategy;
     /// assert_eq!(Strategy::Ring { slots: 4, slot: 1 << 20, threads: 2 }.pinned_bytes(1 << 30), Some(4 << 20));
     /// ```
     pub fn pinned_bytes(&self, len: u64) -> Option<u64> {

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::Instant;
 
-use cuda_safe::{Device, DeviceBuffer, Event, EventOptions, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, Event, EventOptions, Stream};
 
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
@@ -84,7 +84,7 @@ fn tail_spin(bytes: u64) -> std::time::Duration {
 
 /// Waits for `ev`, polling it for `spin` before sleeping on it. Used only for
 /// the last waits of a pass, where nothing else hides the wake-up.
-fn wait_tail(ev: &Event, spin: std::time::Duration) -> cuda_safe::Result<()> {
+fn wait_tail(ev: &Event, spin: std::time::Duration) -> wirespeed_cuda::Result<()> {
     let t = Instant::now();
     while t.elapsed() < spin {
         if ev.query()? {
@@ -102,7 +102,7 @@ pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 /// How a [`Streamer`] works.
 ///
 /// ```
-/// use pinned_mem::{PinBudget, StreamConfig, Strategy};
+/// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
 /// let mut cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30));
 /// cfg.verify = true;
 /// cfg.progress = Some(std::sync::Arc::new(|done, total| eprintln!("{done}/{total}")));
@@ -141,7 +141,7 @@ impl StreamConfig {
     /// `strategy` and `budget`, no mlock, no verification, no progress.
     ///
     /// ```
-    /// let cfg = pinned_mem::StreamConfig::new(pinned_mem::Strategy::WholeFile, pinned_mem::PinBudget::unlimited());
+    /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::WholeFile, wirespeed_pinned::PinBudget::unlimited());
     /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none());
     /// ```
     pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
@@ -152,8 +152,8 @@ impl StreamConfig {
 /// What a transfer did.
 ///
 /// ```
-/// let r = pinned_mem::Report {
-///     strategy: pinned_mem::Strategy::WholeFile, bytes: 2_000_000_000, seconds: 0.04, cpu_seconds: 0.01,
+/// let r = wirespeed_pinned::Report {
+///     strategy: wirespeed_pinned::Strategy::WholeFile, bytes: 2_000_000_000, seconds: 0.04, cpu_seconds: 0.01,
 ///     peak_pinned: 2 << 30, registrations: 0, verified: None,
 /// };
 /// assert!((r.gbps() - 50.0).abs() < 1e-9);
@@ -182,7 +182,7 @@ impl Report {
     /// Decimal gigabytes per second (`bytes / seconds / 1e9`), as in the H200 facts.
     ///
     /// ```
-    /// # let r = pinned_mem::Report { strategy: pinned_mem::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None };
+    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None };
     /// assert_eq!(r.gbps(), 0.0);
     /// ```
     pub fn gbps(&self) -> f64 {
@@ -192,7 +192,7 @@ impl Report {
     /// CPU seconds per decimal gigabyte moved.
     ///
     /// ```
-    /// # let r = pinned_mem::Report { strategy: pinned_mem::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None };
+    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None };
     /// assert_eq!(r.cpu_per_gb(), 0.5);
     /// ```
     pub fn cpu_per_gb(&self) -> f64 {
@@ -230,9 +230,9 @@ impl std::fmt::Display for Report {
 /// [`Streamer::release_pins`] or drop. Calls are serialized.
 ///
 /// ```no_run
-/// use pinned_mem::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
-/// use cuda_safe::{Device, DeviceBuffer};
-/// # fn main() -> pinned_mem::Result<()> {
+/// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
+/// use wirespeed_cuda::{Device, DeviceBuffer};
+/// # fn main() -> wirespeed_pinned::Result<()> {
 /// let dev = Device::get(0)?;
 /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
 /// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
@@ -283,10 +283,10 @@ impl Streamer {
     /// device makes every registration portable.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
-    /// let devices = cuda_safe::Device::all()?;
+    /// # use wirespeed_pinned::*;
+    /// let devices = wirespeed_cuda::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -323,10 +323,10 @@ impl Streamer {
     /// The devices, in the order given.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
-    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.devices().len(), 1);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn devices(&self) -> &[Device] {
         &self.devices
@@ -335,10 +335,10 @@ impl Streamer {
     /// The stream of each device (copies are enqueued there).
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
-    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// s.streams()[0].synchronize()?;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn streams(&self) -> &[Stream] {
         &self.streams
@@ -347,10 +347,10 @@ impl Streamer {
     /// The configuration.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
-    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.config().strategy, Strategy::Auto);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn config(&self) -> &StreamConfig {
         &self.config
@@ -359,10 +359,10 @@ impl Streamer {
     /// Bytes of registrations and ring the streamer keeps between calls.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
-    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.kept_pinned_bytes(), 0);
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn kept_pinned_bytes(&self) -> u64 {
         match self.state.try_lock() {
@@ -375,10 +375,10 @@ impl Streamer {
     /// them, returning their bytes to the budget).
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
-    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// s.release_pins()?;
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     ///
     /// # Errors
@@ -403,11 +403,11 @@ impl Streamer {
     /// range larger than the budget gets [`Strategy::Direct`].
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
-    /// # let s = Streamer::new(&[cuda_safe::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
     /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
-    /// # Ok::<(), pinned_mem::Error>(())
+    /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn resolve(&self, file_len: u64) -> Strategy {
         let strategy = self.config.strategy.normalized().unwrap_or(self.config.strategy);
@@ -422,12 +422,12 @@ impl Streamer {
     /// Moves file bytes `range` to `dst` (of the range's length) on its device.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let dev = cuda_safe::Device::get(0)?;
+    /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
-    /// let mut dst = cuda_safe::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
     /// let report = s.to_device(&file, 4096..4096 + (1 << 20), &mut dst)?;
     /// # Ok(()) }
     /// ```
@@ -448,12 +448,12 @@ impl Streamer {
     /// or read once and copied to every device.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// let devices = cuda_safe::Device::all()?;
+    /// let devices = wirespeed_cuda::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
-    /// let mut dsts = devices.iter().map(|d| cuda_safe::DeviceBuffer::<u8>::new(d, file.len() as usize)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut dsts = devices.iter().map(|d| wirespeed_cuda::DeviceBuffer::<u8>::new(d, file.len() as usize)).collect::<Result<Vec<_>, _>>()?;
     /// s.to_devices(&file, 0..file.len(), &mut dsts)?;
     /// # Ok(()) }
     /// ```
@@ -504,12 +504,12 @@ impl Streamer {
     /// is read back right after its copy.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let dev = cuda_safe::Device::get(0)?;
+    /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
     /// let file = unsafe { MappedFile::open("/data/seed.bin") }?; // 68 GB
-    /// let mut scratch = cuda_safe::DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
+    /// let mut scratch = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
     /// println!("{}", s.to_scratch(&file, 0..file.len(), &mut scratch)?);
     /// # Ok(()) }
     /// ```
@@ -547,12 +547,12 @@ impl Streamer {
     /// synchronized by `f`.
     ///
     /// ```no_run
-    /// # use pinned_mem::*;
+    /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let dev = cuda_safe::Device::get(0)?;
+    /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
-    /// let mut sum = cuda_safe::DeviceBuffer::<u8>::new(&dev, 64 << 20)?;
+    /// let mut sum = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 64 << 20)?;
     /// s.for_each_chunk(&file, 0..file.len(), 64 << 20, |stream, chunk, offset, len| {
     ///     // e.g. launch a kernel on `stream` reading chunk[..len]
     ///     let _ = (stream, chunk, offset, len);

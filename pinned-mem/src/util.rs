@@ -5,7 +5,7 @@ use std::fmt;
 /// Formats a byte count the short way: `256 MiB`, `1 GiB`, `1.5 MiB`, `4000 B`.
 ///
 /// ```
-/// use pinned_mem::Bytes;
+/// use wirespeed_pinned::Bytes;
 /// assert_eq!(Bytes(256 << 20).to_string(), "256 MiB");
 /// assert_eq!(Bytes(3 << 29).to_string(), "1.5 GiB");
 /// assert_eq!(Bytes(1000).to_string(), "1000 B");

@@ -14,9 +14,9 @@
 //! counters are process-wide, and [`Ctx::assert_clean`] checks that a test left
 //! nothing allocated, pinned, registered or created.
 
-use cuda_sys::emulator::{Controls, Counters};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use wirespeed_cuda_sys::emulator::{Controls, Counters};
 
 /// Which runtime this test binary uses.
 #[derive(Debug, Clone)]
@@ -40,14 +40,15 @@ fn pick(force_emulator: bool) -> Env {
     if !force_emulator {
         // SAFETY: no explicit path: the environment and the standard names
         // are the machine's CUDA configuration.
-        match unsafe { cuda_sys::Runtime::search(None) } {
+        match unsafe { wirespeed_cuda_sys::Runtime::search(None) } {
             Ok(rt) => {
                 let mut n = 0;
                 // SAFETY: `n` is a valid place for the count.
                 let code = unsafe { (rt.api().cudaGetDeviceCount)(&mut n) };
                 if code.0 == 0 && n > 0 {
                     // SAFETY: the library the search above loaded as a CUDA runtime.
-                    unsafe { cuda_sys::set_runtime_path(rt.path()) }.expect("runtime chosen before first use");
+                    unsafe { wirespeed_cuda_sys::set_runtime_path(rt.path()) }
+                        .expect("runtime chosen before first use");
                     return Env { real: true, emu: None, path: rt.path().to_string() };
                 }
                 assert!(
@@ -61,9 +62,9 @@ fn pick(force_emulator: bool) -> Env {
             Err(e) => assert!(!required(), "CUDA_REQUIRED=1 but no CUDA runtime loads: {e}"),
         }
     }
-    let path = cuda_sys::emulator::library_path().expect("the emulated runtime is embedded");
-    cuda_sys::emulator::install().expect("runtime chosen before first use");
-    let emu = cuda_sys::emulator::controls().expect("emulator controls");
+    let path = wirespeed_cuda_sys::emulator::library_path().expect("the emulated runtime is embedded");
+    wirespeed_cuda_sys::emulator::install().expect("runtime chosen before first use");
+    let emu = wirespeed_cuda_sys::emulator::controls().expect("emulator controls");
     Env { real: false, emu: Some(emu), path }
 }
 
@@ -189,7 +190,7 @@ pub fn write_pattern_file(path: &Path, seed: u64, len: usize) -> Vec<u8> {
     data
 }
 
-/// Maps a test file ([`pinned_mem::MappedFile::open`], whose contract is that
+/// Maps a test file ([`wirespeed_pinned::MappedFile::open`], whose contract is that
 /// nothing writes or truncates the file while it is mapped).
 ///
 /// The suite's files are private to the test that writes them. A few tests
@@ -199,10 +200,10 @@ pub fn write_pattern_file(path: &Path, seed: u64, len: usize) -> Vec<u8> {
 ///
 /// # Errors
 /// As `MappedFile::open`.
-pub fn open_mapped(path: impl AsRef<Path>) -> pinned_mem::Result<std::sync::Arc<pinned_mem::MappedFile>> {
+pub fn open_mapped(path: impl AsRef<Path>) -> wirespeed_pinned::Result<std::sync::Arc<wirespeed_pinned::MappedFile>> {
     // SAFETY: see above: the file is the calling test's own; where a test
     // changes it while mapped, that is the point of the test.
-    unsafe { pinned_mem::MappedFile::open(path) }
+    unsafe { wirespeed_pinned::MappedFile::open(path) }
 }
 
 /// Aborts the process if the test holding it hangs for `secs` seconds (the

@@ -33,9 +33,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, TempDir, open_mapped, start, vm_lck_kb, write_pattern_file};
-use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+use wirespeed_pinned::{
+    Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer,
+};
+use wirespeed_tests::{Ctx, TempDir, open_mapped, start, vm_lck_kb, write_pattern_file};
 
 const PAGE: u64 = 4096;
 /// Test files: a few pages and an unaligned tail.
@@ -111,7 +113,7 @@ fn round_trip(r: &PinnedRange) -> Vec<u8> {
 #[derive(Debug)]
 enum Got {
     Pinned(Error),
-    Cuda(cuda_safe::Error),
+    Cuda(wirespeed_cuda::Error),
     /// The input is fine (the call worked); what was checked.
     Works(String),
     /// Not testable here, and why.
@@ -127,9 +129,9 @@ impl From<Error> for Got {
 /// What a case must give.
 #[derive(Clone, Copy)]
 enum Expect {
-    /// A `pinned_mem::Error` of this variant (matched by the function).
+    /// A `wirespeed_pinned::Error` of this variant (matched by the function).
     Pinned(&'static str, fn(&Error) -> bool),
-    /// A `cuda_safe::Error` from this call, with this CUDA code (`None`: an
+    /// A `wirespeed_cuda::Error` from this call, with this CUDA code (`None`: an
     /// argument refused before CUDA).
     Cuda(&'static str, Option<u32>),
     /// It works.
@@ -536,7 +538,7 @@ fn check_here(t: &Ctx, c: &Case) -> String {
         (Got::Cuda(e), Expect::Cuda(call, code)) => {
             assert_eq!((e.call(), e.code()), (call, code), "{what}: {e}");
             if code.is_none() {
-                assert!(matches!(e, cuda_safe::Error::InvalidArgument { .. }), "{what}: {e:?}");
+                assert!(matches!(e, wirespeed_cuda::Error::InvalidArgument { .. }), "{what}: {e:?}");
             }
             e.to_string()
         }
@@ -550,7 +552,7 @@ fn check_here(t: &Ctx, c: &Case) -> String {
     shown
 }
 
-use integration_tests::{CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_IPC_LOCK, drop_capabilities as drop_caps};
+use wirespeed_tests::{CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_IPC_LOCK, drop_capabilities as drop_caps};
 
 /// Becomes a process that cannot read `chmod 000` files: nobody when root,
 /// else without the DAC capabilities.
@@ -586,7 +588,7 @@ fn low_memlock() -> Result<String, String> {
         return Err(format!("setrlimit: {}", std::io::Error::last_os_error()));
     }
     drop_caps(&[CAP_IPC_LOCK])?;
-    if pinned_mem::memlock_headroom().is_none_or(|h| h > 64 << 10) {
+    if wirespeed_pinned::memlock_headroom().is_none_or(|h| h > 64 << 10) {
         return Err("the mlock limit does not apply to this process".into());
     }
     Ok("RLIMIT_MEMLOCK 64 KiB, no CAP_IPC_LOCK".into())
@@ -604,7 +606,7 @@ fn check_in_child(t: &Ctx, c: &Case) -> String {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let dir_s = dir.path().to_str().expect("a UTF-8 temporary path");
-    let r = integration_tests::run_test_in_child("bad_input_child", false, &[(CHILD_CASE, c.name), (CHILD_DIR, dir_s)]);
+    let r = wirespeed_tests::run_test_in_child("bad_input_child", false, &[(CHILD_CASE, c.name), (CHILD_DIR, dir_s)]);
     let (out, so, se) = (r.output, r.stdout, r.stderr);
     {
         use std::os::unix::process::ExitStatusExt;
@@ -701,7 +703,7 @@ fn reading_lost_pages_through_the_mapping_is_sigbus() {
     let t = start();
     let dir = TempDir::new("bad-input-sigbus");
     let dir_s = dir.path().to_str().expect("a UTF-8 temporary path");
-    let r = integration_tests::run_test_in_child("sigbus_child", false, &[(SIGBUS_CHILD, dir_s)]);
+    let r = wirespeed_tests::run_test_in_child("sigbus_child", false, &[(SIGBUS_CHILD, dir_s)]);
     let (out, so, se) = (r.output, r.stdout, r.stderr);
     use std::os::unix::process::ExitStatusExt;
     assert!(so.contains("SIGBUS-CHILD: mapped and truncated"), "the child did not get there:\n{so}\n{se}");

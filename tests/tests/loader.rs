@@ -7,9 +7,9 @@
 //! Child processes re-run this test binary on one `#[ignore]`d test with
 //! environment variables that must be set before a library loads.
 
-use cuda_sys::{DevicePropBuffer, LoadError, RUNTIME_PATH_ENV, Runtime, SEARCH_ORDER, SYMBOLS, cudaError_t};
-use integration_tests::start;
 use std::ffi::{CString, c_void};
+use wirespeed_cuda_sys::{DevicePropBuffer, LoadError, RUNTIME_PATH_ENV, Runtime, SEARCH_ORDER, SYMBOLS, cudaError_t};
+use wirespeed_tests::start;
 
 const CHILD: &str = "LOADER_CHILD";
 
@@ -18,7 +18,7 @@ const CHILD: &str = "LOADER_CHILD";
 fn run_child(name: &str, env: &[(&str, &str)]) -> String {
     let mut env = env.to_vec();
     env.push((CHILD, name));
-    integration_tests::run_child_expecting(name, true, &env, &format!("child {name} ran")).stdout
+    wirespeed_tests::run_child_expecting(name, true, &env, &format!("child {name} ran")).stdout
 }
 
 fn is_child(name: &str) -> bool {
@@ -62,11 +62,11 @@ fn search(explicit: Option<&str>) -> Result<&'static Runtime, LoadError> {
 
 fn set_path(path: impl Into<String>) -> Result<(), LoadError> {
     // SAFETY: see above.
-    unsafe { cuda_sys::set_runtime_path(path) }
+    unsafe { wirespeed_cuda_sys::set_runtime_path(path) }
 }
 
 fn emulator_path() -> String {
-    cuda_sys::emulator::library_path().expect("the emulator is embedded")
+    wirespeed_cuda_sys::emulator::library_path().expect("the emulator is embedded")
 }
 
 // ------------------------------------------------------------------ typed load errors
@@ -81,7 +81,7 @@ fn a_missing_library_is_not_found_and_listed() {
     assert!(!tried[0].1.is_empty());
     let s = e.to_string();
     assert!(s.contains(p) && s.contains(RUNTIME_PATH_ENV), "{s}");
-    let e = cuda_safe::Error::from(e);
+    let e = wirespeed_cuda::Error::from(e);
     assert!(e.hint().unwrap().contains(RUNTIME_PATH_ENV));
 }
 
@@ -129,13 +129,13 @@ fn a_path_with_nul_is_refused() {
 #[test]
 fn the_runtime_path_is_fixed_after_first_use() {
     let t = start();
-    let rt = cuda_sys::runtime().unwrap();
+    let rt = wirespeed_cuda_sys::runtime().unwrap();
     assert_eq!(rt.path(), t.env.path);
     let e = set_path("/elsewhere/libcudart.so.13").unwrap_err();
     assert_eq!(e, LoadError::AlreadyLoaded { library: t.env.path.clone() });
     assert!(e.to_string().contains(&t.env.path));
     // The first outcome is kept.
-    assert!(std::ptr::eq(cuda_sys::runtime().unwrap(), rt));
+    assert!(std::ptr::eq(wirespeed_cuda_sys::runtime().unwrap(), rt));
     t.assert_clean();
 }
 
@@ -151,7 +151,7 @@ fn the_emulator_loads_by_path_as_cuda_13() {
     let rt = load(&path).unwrap();
     assert_eq!((rt.version(), rt.major(), rt.path()), (13000, 13, path.as_str()));
     assert!(format!("{rt:?}").contains("13000"));
-    assert_eq!(cuda_sys::emulator::load().unwrap().version(), 13000);
+    assert_eq!(wirespeed_cuda_sys::emulator::load().unwrap().version(), 13000);
     assert_eq!(rt.error_name(cudaError_t(0)), "cudaSuccess");
     assert_eq!(rt.error_name(cudaError_t(1)), "cudaErrorInvalidValue");
     assert_eq!(rt.error_string(cudaError_t(1)), "invalid argument");
@@ -213,20 +213,20 @@ fn cuda_12_before_12_8_binds_the_unversioned_elapsed_time() {
         move |name: &'static str| if name == hidden { std::ptr::null_mut() } else { dlsym(name) }
     };
     // SAFETY: every address comes from the emulator, a CUDA 12/13 stand-in.
-    let api = unsafe { cuda_sys::Api::resolve(12, without("cudaEventElapsedTime_v2\0")) }.unwrap();
+    let api = unsafe { wirespeed_cuda_sys::Api::resolve(12, without("cudaEventElapsedTime_v2\0")) }.unwrap();
     assert_eq!(api.cudaEventElapsedTime as *mut c_void, dlsym("cudaEventElapsedTime"));
     // SAFETY: as above.
-    let e = unsafe { cuda_sys::Api::resolve(12, without("cudaGetDeviceProperties_v2\0")) }.err();
+    let e = unsafe { wirespeed_cuda_sys::Api::resolve(12, without("cudaGetDeviceProperties_v2\0")) }.err();
     assert_eq!(e, Some("cudaGetDeviceProperties_v2\0"));
     // SAFETY: as above. CUDA 13 has no fallback either.
-    let e = unsafe { cuda_sys::Api::resolve(13, without("cudaEventElapsedTime\0")) }.err();
+    let e = unsafe { wirespeed_cuda_sys::Api::resolve(13, without("cudaEventElapsedTime\0")) }.err();
     assert_eq!(e, Some("cudaEventElapsedTime\0"));
 }
 
 /// Injecting "success" would let a call skip its work and report it done.
 #[test]
 fn a_fault_of_code_zero_is_refused() {
-    let ctl = cuda_sys::emulator::controls().unwrap();
+    let ctl = wirespeed_cuda_sys::emulator::controls().unwrap();
     assert!(!ctl.inject_fault("cudaMemcpyAsync", 1, 0, false));
     assert!(ctl.inject_fault("cudaMemcpyAsync", 1000, 1, false));
     ctl.reset();
@@ -247,7 +247,7 @@ fn child_emulator_as_cuda_12() {
     let path = emulator_path();
     let rt = load(&path).unwrap();
     assert_eq!((rt.version(), rt.major()), (12090, 12));
-    let ctl = cuda_sys::emulator::controls().unwrap();
+    let ctl = wirespeed_cuda_sys::emulator::controls().unwrap();
     let count = |f: &str| ctl.call_count(f).unwrap();
     let (v2, plain) = (count("cudaGetDeviceProperties_v2"), count("cudaGetDeviceProperties"));
     let mut props = Box::new(DevicePropBuffer::new());
@@ -258,14 +258,14 @@ fn child_emulator_as_cuda_12() {
 
     // The same through cuda-safe, with this runtime as the process-wide one.
     set_path(path.clone()).unwrap();
-    let info = cuda_safe::runtime_info().unwrap();
+    let info = wirespeed_cuda::runtime_info().unwrap();
     assert_eq!(info.runtime_version, 12090);
-    let d = cuda_safe::Device::get(0).unwrap();
+    let d = wirespeed_cuda::Device::get(0).unwrap();
     assert_eq!(d.name().unwrap(), "Emulated CUDA Device");
     assert_eq!(count("cudaGetDeviceProperties_v2"), v2 + 2);
-    let s = cuda_safe::Stream::new(&d).unwrap();
-    let timed = cuda_safe::EventOptions { timing: true, blocking_sync: false };
-    let (a, b) = (cuda_safe::Event::new(&d, timed).unwrap(), cuda_safe::Event::new(&d, timed).unwrap());
+    let s = wirespeed_cuda::Stream::new(&d).unwrap();
+    let timed = wirespeed_cuda::EventOptions { timing: true, blocking_sync: false };
+    let (a, b) = (wirespeed_cuda::Event::new(&d, timed).unwrap(), wirespeed_cuda::Event::new(&d, timed).unwrap());
     s.record(&a).unwrap();
     s.record(&b).unwrap();
     b.synchronize().unwrap();
@@ -283,7 +283,7 @@ fn child_emulator_as_cuda_12() {
 #[test]
 fn every_table_symbol_resolves_in_the_loaded_runtime() {
     let t = start();
-    let rt = cuda_sys::runtime().unwrap();
+    let rt = wirespeed_cuda_sys::runtime().unwrap();
     assert_eq!(missing_symbols(rt.path(), rt.major()), Vec::<&str>::new(), "{rt:?}");
     // The table's field names are unique and each names its CUDA 13 symbol.
     let mut fields: Vec<&str> = SYMBOLS.iter().map(|s| s.0).collect();
@@ -297,8 +297,8 @@ fn every_table_symbol_resolves_in_the_loaded_runtime() {
 #[test]
 fn devices_of_this_runtime() {
     let t = start();
-    let info = cuda_safe::runtime_info().unwrap();
-    let devices = cuda_safe::Device::all().unwrap();
+    let info = wirespeed_cuda::runtime_info().unwrap();
+    let devices = wirespeed_cuda::Device::all().unwrap();
     eprintln!(
         "runtime {} from {} (driver {}): {} device(s)",
         info.runtime_version,
@@ -387,20 +387,20 @@ fn child_wheel_runtime() {
     // No start(): the process-wide runtime comes from CUDA_SYS_RUNTIME.
     let path = std::env::var(RUNTIME_PATH_ENV).unwrap();
     let major: i32 = std::env::var("LOADER_EXPECT_MAJOR").unwrap().parse().unwrap();
-    let rt = cuda_sys::runtime().unwrap();
+    let rt = wirespeed_cuda_sys::runtime().unwrap();
     assert_eq!((rt.path(), rt.major()), (path.as_str(), major));
-    let info = cuda_safe::runtime_info().unwrap();
+    let info = wirespeed_cuda::runtime_info().unwrap();
     assert_eq!(info.path, path);
-    match cuda_safe::Device::count() {
+    match wirespeed_cuda::Device::count() {
         Ok(n) => {
             assert!(driver_present() && n >= 1);
-            let name = cuda_safe::Device::get(0).unwrap().name().unwrap();
+            let name = wirespeed_cuda::Device::get(0).unwrap().name().unwrap();
             println!("{path}: {n} device(s), device 0 is {name}");
         }
         Err(e) => {
             println!("{path}: {e}");
             assert!(!driver_present(), "{e}");
-            let cuda_safe::Error::Cuda { call, code, name, .. } = &e else { panic!("{e:?}") };
+            let wirespeed_cuda::Error::Cuda { call, code, name, .. } = &e else { panic!("{e:?}") };
             assert_eq!((*call, *code, name.as_str()), ("cudaGetDeviceCount", 35, "cudaErrorInsufficientDriver"));
             assert!(e.hint().unwrap().contains("driver"));
             assert_eq!(info.driver_version, 0);

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, Watchdog, open_mapped, pattern, start_emulated};
-use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+use wirespeed_pinned::{
+    Error, MappedFile, PinBudget, PinOptions, PinnedRange, PinnedRing, Strategy, StreamConfig, Streamer,
+};
+use wirespeed_tests::{Ctx, Watchdog, open_mapped, pattern, start_emulated};
 
 const LEN: usize = (1 << 20) + 4321;
 /// cudaErrorMemoryAllocation, cudaErrorUnknown, cudaErrorIllegalAddress (sticky).
@@ -53,7 +55,7 @@ fn calls(t: &Ctx, name: &str) -> u64 {
 }
 
 #[track_caller]
-fn expect_call<T: std::fmt::Debug>(r: pinned_mem::Result<T>, call: &str) -> Error {
+fn expect_call<T: std::fmt::Debug>(r: wirespeed_pinned::Result<T>, call: &str) -> Error {
     match r {
         Err(e) => {
             assert_eq!(e.cuda_call(), Some(call), "expected an error naming {call}, got: {e}");
@@ -123,7 +125,7 @@ fn unregister_failing_twice_keeps_the_pages_accounted() {
     let base = file.as_bytes().as_ptr().cast_mut().cast();
     // SAFETY: `base` is the start of the registration the library leaked (the
     // range began at byte 0 of the mapping, which stays mapped: leaked too).
-    let code = unsafe { (cuda_sys::runtime().unwrap().api().cudaHostUnregister)(base) };
+    let code = unsafe { (wirespeed_cuda_sys::runtime().unwrap().api().cudaHostUnregister)(base) };
     assert_eq!(code.0, 0);
     t.assert_clean();
 }
@@ -342,7 +344,7 @@ const STICKY_CHILD: &str = "PINNED_MEM_STICKY_CHILD";
 #[test]
 fn a_lost_context_fails_fast_without_hanging() {
     let t = start_emulated();
-    integration_tests::run_child_expecting("sticky_child", false, &[(STICKY_CHILD, "1")], "STICKY-OK");
+    wirespeed_tests::run_child_expecting("sticky_child", false, &[(STICKY_CHILD, "1")], "STICKY-OK");
     t.assert_clean();
 }
 

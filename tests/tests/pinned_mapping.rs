@@ -1,7 +1,7 @@
 //! pinned-mem: read-only shared mappings of files.
 
-use integration_tests::{TempDir, open_mapped, start, write_pattern_file};
-use pinned_mem::{Error, PinBudget, PinOptions, PinnedRange};
+use wirespeed_pinned::{Error, PinBudget, PinOptions, PinnedRange};
+use wirespeed_tests::{TempDir, open_mapped, start, write_pattern_file};
 
 #[test]
 fn maps_a_file_with_its_exact_bytes() {

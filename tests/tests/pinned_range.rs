@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, TempDir, open_mapped, start, vm_lck_kb, write_pattern_file};
-use pinned_mem::{Error, MappedFile, PinBudget, PinOptions, PinnedRange};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+use wirespeed_pinned::{Error, MappedFile, PinBudget, PinOptions, PinnedRange};
+use wirespeed_tests::{Ctx, TempDir, open_mapped, start, vm_lck_kb, write_pattern_file};
 
 const PAGE: u64 = 4096;
 
@@ -221,13 +221,13 @@ const MEMLOCK_CHILD: &str = "PINNED_MEM_MEMLOCK_CHILD";
 #[test]
 fn memlock_limit_too_low_is_a_typed_error() {
     let t = start();
-    integration_tests::run_child_expecting("memlock_child", false, &[(MEMLOCK_CHILD, "1")], "MEMLOCK-CHILD-OK");
+    wirespeed_tests::run_child_expecting("memlock_child", false, &[(MEMLOCK_CHILD, "1")], "MEMLOCK-CHILD-OK");
     t.assert_clean();
 }
 
 /// Drops CAP_IPC_LOCK from this thread (root in CI has it, which exempts mlock from the limit).
 fn drop_cap_ipc_lock() {
-    integration_tests::drop_capabilities(&[integration_tests::CAP_IPC_LOCK]).expect("drop CAP_IPC_LOCK");
+    wirespeed_tests::drop_capabilities(&[wirespeed_tests::CAP_IPC_LOCK]).expect("drop CAP_IPC_LOCK");
 }
 
 /// Runs only in the child process started above.
@@ -245,7 +245,7 @@ fn memlock_child() {
     // SAFETY: lowering our own soft limit.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &new) }, 0);
     drop_cap_ipc_lock();
-    assert_eq!(pinned_mem::memlock_limit(), Some(limit));
+    assert_eq!(wirespeed_pinned::memlock_limit(), Some(limit));
 
     let dir = TempDir::new("pm-memlock");
     let (f, data) = file(&dir, 9, 1 << 20);

@@ -3,11 +3,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{TempDir, open_mapped, pattern, start, write_pattern_file};
-use pinned_mem::{Error, PinBudget, PinnedRing};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+use wirespeed_pinned::{Error, PinBudget, PinnedRing};
+use wirespeed_tests::{TempDir, open_mapped, pattern, start, write_pattern_file};
 
-fn host_allocs(t: &integration_tests::Ctx) -> Option<u64> {
+fn host_allocs(t: &wirespeed_tests::Ctx) -> Option<u64> {
     t.emulated().then(|| t.emu().call_count("cudaHostAlloc").unwrap())
 }
 
@@ -205,7 +205,7 @@ fn errors_return_the_slot_to_the_ring() {
         assert!(matches!(ring.acquire().unwrap().fill(10..4097), Err(Error::InvalidArgument { .. })));
         let mut short = DeviceBuffer::<u8>::new(&dev, 10).unwrap();
         let e = ring.acquire().unwrap().copy_from(&[1; 20]).unwrap().copy_to_device(&stream, &mut short).unwrap_err();
-        assert!(matches!(e, Error::Cuda(cuda_safe::Error::InvalidArgument { .. })), "{e}");
+        assert!(matches!(e, Error::Cuda(wirespeed_cuda::Error::InvalidArgument { .. })), "{e}");
         // A panic inside `submit`'s closure: the slot comes back too (in flight).
         let full = ring.acquire().unwrap().copy_from(&[2; 10]).unwrap();
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cuda_safe::{Device, DeviceBuffer};
-use integration_tests::{Ctx, Watchdog, open_mapped, pattern, start};
-use pinned_mem::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
+use wirespeed_cuda::{Device, DeviceBuffer};
+use wirespeed_pinned::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
+use wirespeed_tests::{Ctx, Watchdog, open_mapped, pattern, start};
 
 const LEN: usize = (3 << 20) + 12345;
 
@@ -87,7 +87,7 @@ fn streamer(strategy: Strategy, budget: &PinBudget) -> Streamer {
 }
 
 /// Runs `f`, treating a file system without O_DIRECT as a pass for Direct.
-fn direct_ok<T>(strategy: Strategy, r: pinned_mem::Result<T>) -> Option<T> {
+fn direct_ok<T>(strategy: Strategy, r: wirespeed_pinned::Result<T>) -> Option<T> {
     match r {
         Err(Error::DirectUnsupported { .. }) if matches!(strategy, Strategy::Direct { .. }) => {
             eprintln!("O_DIRECT is not supported here: {strategy} skipped");
@@ -252,7 +252,7 @@ fn to_devices_with_two_devices() {
         t.assert_clean();
         return;
     }
-    integration_tests::run_child_expecting(
+    wirespeed_tests::run_child_expecting(
         "two_devices_child",
         false,
         &[(TWO_DEVICES_CHILD, "1"), ("CUDA_EMU_DEVICES", "2")],

@@ -56,9 +56,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cuda_safe::{Device, DeviceBuffer, Stream};
-use integration_tests::{Ctx, pattern, start};
-use pinned_mem::{PinBudget, PinnedRing};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+use wirespeed_pinned::{PinBudget, PinnedRing};
+use wirespeed_tests::{Ctx, pattern, start};
 
 // ====================================================================== the model
 
@@ -1008,7 +1008,7 @@ const FORGET_CHILD: &str = "RING_MODEL_FORGET_CHILD";
 #[test]
 fn forgetting_handles_only_loses_their_slots() {
     let t = start();
-    integration_tests::run_child_expecting("forget_child", false, &[(FORGET_CHILD, "1")], "FORGET-CHILD-OK");
+    wirespeed_tests::run_child_expecting("forget_child", false, &[(FORGET_CHILD, "1")], "FORGET-CHILD-OK");
     t.assert_clean();
 }
 

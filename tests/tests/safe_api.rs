@@ -3,21 +3,21 @@
 //! counters or delays run only when `t.emulated()`; there are no timing
 //! assertions. Each test ends with `t.assert_clean()`.
 
-use cuda_safe::{
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use wirespeed_cuda::{
     Device, DeviceBuffer, Error, Event, EventOptions, Fence, HostMemory, HostRegistration, PinnedBuffer, PinnedFlags,
     Pod, RegisterFlags, STICKY_CODES, Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind,
     runtime_info,
 };
-use integration_tests::{Ctx, pattern, start};
-use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use wirespeed_tests::{Ctx, pattern, start};
 
 fn dev() -> Device {
     Device::get(0).expect("device 0")
 }
 
-fn api() -> &'static cuda_sys::Api {
-    cuda_sys::runtime().expect("runtime").api()
+fn api() -> &'static wirespeed_cuda_sys::Api {
+    wirespeed_cuda_sys::runtime().expect("runtime").api()
 }
 
 /// The error of a result whose value has no `Debug` (the slice types).
@@ -60,9 +60,9 @@ fn types_are_send_and_sync() {
     send_sync::<DeviceBuffer<u8>>();
     send_sync::<PinnedBuffer<f64>>();
     send_sync::<HostRegistration<Box<[u8]>>>();
-    send_sync::<cuda_safe::Pending<'static>>();
-    send_sync::<cuda_safe::DeviceSlice<'static, u32>>();
-    send_sync::<cuda_safe::DeviceSliceMut<'static, u32>>();
+    send_sync::<wirespeed_cuda::Pending<'static>>();
+    send_sync::<wirespeed_cuda::DeviceSlice<'static, u32>>();
+    send_sync::<wirespeed_cuda::DeviceSliceMut<'static, u32>>();
     // Buffers may be used across catch_unwind, as with std's Mutex inside.
     fn unwind_safe<T: std::panic::RefUnwindSafe + std::panic::UnwindSafe>() {}
     unwind_safe::<Fence>();
@@ -123,10 +123,16 @@ fn options_and_flags() {
     assert_eq!(StreamOptions::default(), StreamOptions { non_blocking: false, priority: 0 });
     assert_eq!(EventOptions::default(), EventOptions { timing: false, blocking_sync: false });
     assert_eq!(PinnedFlags::default(), PinnedFlags { portable: false, mapped: false, write_combined: false });
-    assert_eq!(RegisterFlags::default().bits(), cuda_sys::cudaHostRegisterDefault);
-    assert_eq!(RegisterFlags { portable: true, ..Default::default() }.bits(), cuda_sys::cudaHostRegisterPortable);
-    assert_eq!(RegisterFlags { mapped: true, ..Default::default() }.bits(), cuda_sys::cudaHostRegisterMapped);
-    assert_eq!(RegisterFlags { read_only: true, ..Default::default() }.bits(), cuda_sys::cudaHostRegisterReadOnly);
+    assert_eq!(RegisterFlags::default().bits(), wirespeed_cuda_sys::cudaHostRegisterDefault);
+    assert_eq!(
+        RegisterFlags { portable: true, ..Default::default() }.bits(),
+        wirespeed_cuda_sys::cudaHostRegisterPortable
+    );
+    assert_eq!(RegisterFlags { mapped: true, ..Default::default() }.bits(), wirespeed_cuda_sys::cudaHostRegisterMapped);
+    assert_eq!(
+        RegisterFlags { read_only: true, ..Default::default() }.bits(),
+        wirespeed_cuda_sys::cudaHostRegisterReadOnly
+    );
     assert_eq!(RegisterFlags { portable: true, mapped: true, read_only: true }.bits(), 1 | 2 | 8);
     let f = Fence::default();
     assert!(f.is_idle());
@@ -166,7 +172,7 @@ fn error_methods() {
     assert_eq!(e.to_string(), "Device::get: nope");
     assert_invalid(&e, "Device::get");
 
-    let load = cuda_sys::LoadError::BadPath("a\0b".into());
+    let load = wirespeed_cuda_sys::LoadError::BadPath("a\0b".into());
     let e = Error::from(load.clone());
     assert_eq!(e, Error::Load(load));
     assert_eq!(e.call(), "loading the CUDA runtime");
@@ -210,7 +216,7 @@ fn devices() {
     let _ = d.supports_read_only_register().unwrap();
     assert!(d.async_engine_count().unwrap() >= 1);
     assert!(d.unified_addressing().unwrap());
-    assert!(d.attribute(cuda_sys::cudaDeviceAttr::cudaDevAttrMultiProcessorCount).unwrap() >= 1);
+    assert!(d.attribute(wirespeed_cuda_sys::cudaDeviceAttr::cudaDevAttrMultiProcessorCount).unwrap() >= 1);
     let (least, greatest) = d.stream_priority_range().unwrap();
     assert!(greatest <= least, "greatest {greatest} least {least}");
     d.synchronize().unwrap();
@@ -222,7 +228,7 @@ fn devices() {
 fn runtime_info_matches_the_loaded_runtime() {
     let t = start();
     let info = runtime_info().unwrap();
-    let rt = cuda_sys::runtime().unwrap();
+    let rt = wirespeed_cuda_sys::runtime().unwrap();
     assert_eq!(info.runtime_version, rt.version());
     assert_eq!(info.path, rt.path());
     assert_eq!(info.path, t.env.path);
@@ -300,7 +306,7 @@ fn stream_from_raw() {
     d.make_current().unwrap();
     let mut raw = std::ptr::null_mut();
     // SAFETY: `raw` is a valid place for the handle.
-    let code = unsafe { (api().cudaStreamCreateWithFlags)(&mut raw, cuda_sys::cudaStreamNonBlocking) };
+    let code = unsafe { (api().cudaStreamCreateWithFlags)(&mut raw, wirespeed_cuda_sys::cudaStreamNonBlocking) };
     assert_eq!(code.0, 0);
     // SAFETY: a live stream of `d`, owned by the wrapper from now on.
     let s = unsafe { Stream::from_raw(raw, d, true) }.unwrap();
@@ -535,7 +541,7 @@ fn device_slices_and_ranges() {
     assert_eq!(read(&b, 0..100), data);
     assert_eq!(read(&b, 100..100), Vec::<u32>::new());
     // Every RangeBounds form.
-    let len = |r: Result<cuda_safe::DeviceSlice<'_, u32>, Error>| {
+    let len = |r: Result<wirespeed_cuda::DeviceSlice<'_, u32>, Error>| {
         let sl = r.unwrap();
         let mut out = PinnedBuffer::<u32>::new(0).unwrap();
         // A length mismatch names the operation.
@@ -646,7 +652,7 @@ fn copies_h2d_d2d_d2h_memset() {
 /// `unsafe` (the module forbids it).
 #[forbid(unsafe_code)]
 mod pipeline {
-    use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Result, Stream};
+    use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 
     pub fn upload(dev: &Device, chunk: usize, chunks: usize) -> Result<Vec<u32>> {
         let stream = Stream::new(dev)?;
@@ -889,13 +895,13 @@ fn pinned_buffers_and_flags() {
         assert_eq!(b.flags(), flags);
         let mut bits = 0;
         if flags.portable {
-            bits |= cuda_sys::cudaHostAllocPortable;
+            bits |= wirespeed_cuda_sys::cudaHostAllocPortable;
         }
         if flags.mapped {
-            bits |= cuda_sys::cudaHostAllocMapped;
+            bits |= wirespeed_cuda_sys::cudaHostAllocMapped;
         }
         if flags.write_combined {
-            bits |= cuda_sys::cudaHostAllocWriteCombined;
+            bits |= wirespeed_cuda_sys::cudaHostAllocWriteCombined;
         }
         // The emulator reports the flags asked for; the H200's driver reports
         // only cudaHostAllocMapped (0x2), implied under unified addressing.
@@ -903,7 +909,7 @@ fn pinned_buffers_and_flags() {
         if t.emulated() {
             assert_eq!(got, bits, "{flags:?}");
         } else {
-            assert_ne!(got & cuda_sys::cudaHostAllocMapped, 0, "{flags:?}: {got:#x}");
+            assert_ne!(got & wirespeed_cuda_sys::cudaHostAllocMapped, 0, "{flags:?}: {got:#x}");
         }
         assert_eq!(pointer_kind(b.as_ptr().cast()).unwrap().0, 1);
         if flags.mapped {
@@ -954,7 +960,10 @@ fn pointer_queries() {
     .unwrap();
     let rp: *const c_void = reg.as_bytes().as_ptr().cast();
     assert_eq!(pointer_kind(rp).unwrap().0, 1);
-    assert_eq!(host_flags(rp).unwrap() & cuda_sys::cudaHostRegisterMapped, cuda_sys::cudaHostRegisterMapped);
+    assert_eq!(
+        host_flags(rp).unwrap() & wirespeed_cuda_sys::cudaHostRegisterMapped,
+        wirespeed_cuda_sys::cudaHostRegisterMapped
+    );
     assert!(!host_device_pointer(rp).unwrap().is_null());
     drop((g, p, reg));
     // CUDA keeps an error of a failed call as the thread's last error; clear it.
@@ -1032,7 +1041,7 @@ fn host_registration() {
             assert_eq!(got, flags.bits(), "{flags:?}");
         } else {
             // As for pinned memory: the H200's driver reports cudaHostRegisterMapped (0x2) only.
-            assert_ne!(got & cuda_sys::cudaHostRegisterMapped, 0, "{flags:?}: {got:#x}");
+            assert_ne!(got & wirespeed_cuda_sys::cudaHostRegisterMapped, 0, "{flags:?}: {got:#x}");
         }
         s.copy_to_device(&reg, &mut on_gpu).unwrap().wait().unwrap();
         drop(reg);

@@ -5,21 +5,21 @@
 //! right data, because host access and `Drop` wait on the buffers' fences and
 //! other streams are ordered after them.
 
-use cuda_safe::{Device, DeviceBuffer, EventOptions, PinnedBuffer, Stream};
-use cuda_sys::{cudaMemcpyKind, cudaStream_t};
-use integration_tests::{pattern, start_emulated};
 use std::ffi::c_void;
+use wirespeed_cuda::{Device, DeviceBuffer, EventOptions, PinnedBuffer, Stream};
+use wirespeed_cuda_sys::{cudaMemcpyKind, cudaStream_t};
+use wirespeed_tests::{pattern, start_emulated};
 
 /// Long enough that the host always gets ahead of the stream.
 const DELAY_US: u32 = 100_000;
 
-fn api() -> &'static cuda_sys::Api {
-    cuda_sys::runtime().expect("runtime").api()
+fn api() -> &'static wirespeed_cuda_sys::Api {
+    wirespeed_cuda_sys::runtime().expect("runtime").api()
 }
 
 #[track_caller]
-fn ok(code: cuda_sys::cudaError_t) {
-    assert_eq!(code.0, 0, "{}", cuda_sys::runtime().unwrap().error_name(code));
+fn ok(code: wirespeed_cuda_sys::cudaError_t) {
+    assert_eq!(code.0, 0, "{}", wirespeed_cuda_sys::runtime().unwrap().error_name(code));
 }
 
 /// Raw allocations, freed (and checked) by hand.
@@ -62,7 +62,7 @@ impl Raw {
     fn stream(&mut self) -> cudaStream_t {
         let mut s = std::ptr::null_mut();
         // SAFETY: `s` is a valid place for the handle.
-        ok(unsafe { (api().cudaStreamCreateWithFlags)(&mut s, cuda_sys::cudaStreamNonBlocking) });
+        ok(unsafe { (api().cudaStreamCreateWithFlags)(&mut s, wirespeed_cuda_sys::cudaStreamNonBlocking) });
         self.streams.push(s);
         s
     }
@@ -267,7 +267,7 @@ fn status_while_work_is_queued() {
     let src = PinnedBuffer::from_slice(&pattern(3, 4096)).unwrap();
     let mut dev = DeviceBuffer::<u8>::new(&d, 4096).unwrap();
     let timed = EventOptions { timing: true, blocking_sync: false };
-    let (a, b) = (cuda_safe::Event::new(&d, timed).unwrap(), cuda_safe::Event::new(&d, timed).unwrap());
+    let (a, b) = (wirespeed_cuda::Event::new(&d, timed).unwrap(), wirespeed_cuda::Event::new(&d, timed).unwrap());
     t.set_delay_us(DELAY_US);
     s.record(&a).unwrap();
     let p = s.copy_to_device(&src, &mut dev).unwrap();

@@ -9,20 +9,20 @@
 //! `check("cudaXxx"` call sites of `cuda-safe/src/raw.rs`, compiled in, so a new
 //! call site without a fault test fails CI.
 
-use cuda_safe::{
+use std::sync::Arc;
+use wirespeed_cuda::{
     Device, DeviceBuffer, Error, Event, EventOptions, HostMemory, HostRegistration, PinnedBuffer, PinnedFlags,
     RegisterFlags, Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind, runtime_info,
 };
-use cuda_sys::cudaError_t;
-use integration_tests::{Ctx, pattern, start_emulated};
-use std::sync::Arc;
+use wirespeed_cuda_sys::cudaError_t;
+use wirespeed_tests::{Ctx, pattern, start_emulated};
 
 fn dev() -> Device {
     Device::get(0).expect("device 0")
 }
 
-fn api() -> &'static cuda_sys::Api {
-    cuda_sys::runtime().expect("runtime").api()
+fn api() -> &'static wirespeed_cuda_sys::Api {
+    wirespeed_cuda_sys::runtime().expect("runtime").api()
 }
 
 /// Makes the next call of `function` fail with `code`.
@@ -41,7 +41,7 @@ fn expect_fault<T>(r: Result<T, Error>, call: &str, code: u32) -> Error {
     assert!(matches!(e, Error::Cuda { .. }), "{e:?}");
     assert_eq!(e.call(), call, "{e}");
     assert_eq!(e.code(), Some(code), "{e}");
-    let name = cuda_sys::runtime().unwrap().error_name(cudaError_t(code));
+    let name = wirespeed_cuda_sys::runtime().unwrap().error_name(cudaError_t(code));
     assert!(e.to_string().contains(&name), "{e}");
     e
 }
@@ -160,7 +160,7 @@ fault_tests! {
     cudaDeviceGetAttribute => |t| {
         let d = dev();
         inject(t, "cudaDeviceGetAttribute", 1);
-        expect_fault(d.attribute(cuda_sys::cudaDeviceAttr::cudaDevAttrMultiProcessorCount), "cudaDeviceGetAttribute", 1);
+        expect_fault(d.attribute(wirespeed_cuda_sys::cudaDeviceAttr::cudaDevAttrMultiProcessorCount), "cudaDeviceGetAttribute", 1);
         inject(t, "cudaDeviceGetAttribute", 1);
         expect_fault(d.supports_host_register(), "cudaDeviceGetAttribute", 1);
         inject(t, "cudaDeviceGetAttribute", 1);
@@ -692,7 +692,7 @@ const CHILD: &str = "SAFE_FAULTS_CHILD";
 fn run_child(name: &str, env: &[(&str, &str)]) {
     let mut env = env.to_vec();
     env.push((CHILD, name));
-    integration_tests::run_child_expecting(name, true, &env, &format!("child {name} ran"));
+    wirespeed_tests::run_child_expecting(name, true, &env, &format!("child {name} ran"));
 }
 
 fn is_child(name: &str) -> bool {

@@ -1,7 +1,7 @@
 // Reading a device buffer on the host while an asynchronous copy fills it.
-use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let host = PinnedBuffer::<u8>::new(4096)?;

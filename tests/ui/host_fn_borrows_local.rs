@@ -1,7 +1,7 @@
 // A host function runs later, on another thread: it cannot borrow locals.
-use cuda_safe::{Device, Stream};
+use wirespeed_cuda::{Device, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let stream = Stream::new(&Device::get(0)?)?;
     let log = std::sync::Mutex::new(Vec::new());
     stream.launch_host_fn(|| log.lock().unwrap().push(1))?;

@@ -1,8 +1,8 @@
 // A host function runs on a runtime thread: it must be Send.
-use cuda_safe::{Device, Stream};
+use wirespeed_cuda::{Device, Stream};
 use std::rc::Rc;
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let stream = Stream::new(&Device::get(0)?)?;
     let counter = Rc::new(std::cell::Cell::new(0));
     let c = counter.clone();

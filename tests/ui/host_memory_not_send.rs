@@ -1,6 +1,6 @@
 // Registered memory is read by the runtime and may move between threads:
 // HostMemory requires Send + Sync, so an Rc-owned buffer cannot be registered.
-use cuda_safe::HostMemory;
+use wirespeed_cuda::HostMemory;
 use std::rc::Rc;
 
 struct Shared(Rc<Box<[u8]>>);

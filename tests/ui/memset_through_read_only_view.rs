@@ -1,7 +1,7 @@
 // A read-only device view cannot be written.
-use cuda_safe::{Device, DeviceBuffer, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let on_gpu = DeviceBuffer::<u8>::new(&dev, 64)?;

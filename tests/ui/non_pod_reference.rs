@@ -1,7 +1,7 @@
 // References are not plain data: no pinned buffer of &u8.
-use cuda_safe::PinnedBuffer;
+use wirespeed_cuda::PinnedBuffer;
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let _refs = PinnedBuffer::<&'static u8>::new(8)?;
     Ok(())
 }

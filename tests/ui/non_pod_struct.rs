@@ -1,5 +1,5 @@
 // A struct is plain data only by an explicit `unsafe impl Pod`.
-use cuda_safe::{Device, DeviceBuffer};
+use wirespeed_cuda::{Device, DeviceBuffer};
 
 #[derive(Clone, Copy)]
 struct Padded {
@@ -7,7 +7,7 @@ struct Padded {
     b: u64,
 }
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let _v = DeviceBuffer::<Padded>::zeroed(&dev, 8)?;
     Ok(())

@@ -1,7 +1,7 @@
 // A pageable slice as the destination of an asynchronous device-to-host copy.
-use cuda_safe::{Device, DeviceBuffer, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let on_gpu = DeviceBuffer::<u32>::zeroed(&dev, 64)?;

@@ -1,7 +1,7 @@
 // A pageable Vec as the source of an asynchronous copy.
-use cuda_safe::{Device, DeviceBuffer, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let data = vec![0u8; 4096];

@@ -1,7 +1,7 @@
 // Writing a pinned buffer while an asynchronous copy reads it.
-use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let mut host = PinnedBuffer::<f32>::new(1024)?;

@@ -1,5 +1,5 @@
 // Pod is an unsafe trait: claiming it needs `unsafe impl`.
-use cuda_safe::Pod;
+use wirespeed_cuda::Pod;
 
 #[derive(Clone, Copy)]
 struct Padded {

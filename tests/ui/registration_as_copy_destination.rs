@@ -1,7 +1,7 @@
 // Registered memory is a copy source only: the device never writes it.
-use cuda_safe::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let mut reg = HostRegistration::new(vec![0u8; 64].into_boxed_slice(), RegisterFlags::default())?;

@@ -1,7 +1,7 @@
 // Taking the memory back out of a registration while a copy still reads it.
-use cuda_safe::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, RegisterFlags, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let reg = HostRegistration::new(vec![0u8; 4096].into_boxed_slice(), RegisterFlags::default())?;

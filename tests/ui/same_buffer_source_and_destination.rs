@@ -1,7 +1,7 @@
 // One device buffer as both source and destination of a copy.
-use cuda_safe::{Device, DeviceBuffer, Stream};
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 
-fn main() -> cuda_safe::Result<()> {
+fn main() -> wirespeed_cuda::Result<()> {
     let dev = Device::get(0)?;
     let stream = Stream::new(&dev)?;
     let mut on_gpu = DeviceBuffer::<u8>::new(&dev, 64)?;

@@ -1,5 +1,5 @@
 // HostSource is sealed: user types cannot declare themselves pinned memory.
-use cuda_safe::{Fence, HostSource};
+use wirespeed_cuda::{Fence, HostSource};
 
 struct Pretend(Vec<u8>, Fence);
 

@@ -7,10 +7,10 @@
 //! arrived intact, with the pinned-mem goals as PASS/MISS lines.
 //!
 //! ```text
-//! cargo run --release -p pinned-mem --bin bench                  # demo file, every strategy
-//! cargo run --release -p pinned-mem --bin bench -- my.memmap     # your file
-//! cargo run --release -p pinned-mem --bin bench -- --seed        # the seed's experiment
-//! cargo run -p pinned-mem --features emulator --bin bench -- --emulated --quick
+//! cargo run --release -p wirespeed-pinned --bin bench                  # demo file, every strategy
+//! cargo run --release -p wirespeed-pinned --bin bench -- my.memmap     # your file
+//! cargo run --release -p wirespeed-pinned --bin bench -- --seed        # the seed's experiment
+//! cargo run -p wirespeed-pinned --features emulator --bin bench -- --emulated --quick
 //! ```
 //!
 //! See `bench --help` for every option.
@@ -84,7 +84,7 @@ fn run(opts: Options) -> Result<ExitCode> {
     progress.note(&gpu.describe());
     let threads = opts.threads.unwrap_or_else(cores);
     let reps = opts.reps();
-    let stream = cuda_safe::Stream::new(&gpu.device)?;
+    let stream = wirespeed_cuda::Stream::new(&gpu.device)?;
     let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
     let readback = checksum::Readback::new(&stream, readback_bytes, threads)?;
     let mut b =

@@ -1,8 +1,8 @@
 //! `multi`: one page-cached file streamed to every visible GPU at once.
 //!
 //! ```text
-//! cargo run --release -p pinned-mem --bin multi                       # 4 GiB file, budget file/8
-//! cargo run -p pinned-mem --features emulator --bin multi -- --emulated --size 64M   # CUDA_EMU_DEVICES=2
+//! cargo run --release -p wirespeed-pinned --bin multi                       # 4 GiB file, budget file/8
+//! cargo run -p wirespeed-pinned --features emulator --bin multi -- --emulated --size 64M   # CUDA_EMU_DEVICES=2
 //! ```
 //!
 //! It measures each GPU's line rate alone and all of them at once (resident
@@ -15,12 +15,12 @@
 
 #[path = "common/demo.rs"]
 mod demo;
-use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, PinnedFlags, Stream};
 use demo::cpu_seconds;
 use demo::pattern_file;
-use pinned_mem::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 use std::process::ExitCode;
 use std::time::Instant;
+use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, PinnedFlags, Stream};
+use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
 const MIB: u64 = 1 << 20;
 
@@ -79,7 +79,7 @@ fn run() -> Res<()> {
     }
     if emulated {
         #[cfg(feature = "emulator")]
-        cuda_sys::emulator::install().map_err(err("emulator"))?;
+        wirespeed_cuda_sys::emulator::install().map_err(err("emulator"))?;
         #[cfg(not(feature = "emulator"))]
         return Err("--emulated needs a build with --features emulator".into());
     }
@@ -220,7 +220,7 @@ fn run() -> Res<()> {
     let rows = result?;
     println!(
         "{} file, pin budget {} MiB, {reps} timed passes after one untimed; GB/s = bytes landed on all GPUs / time",
-        pinned_mem::Bytes(size),
+        wirespeed_pinned::Bytes(size),
         size / 8 / MIB
     );
     println!("{:<32} {:>8} {:>10} {:>9} {:>7}  strategy", "run", "GB/s", "x sum LR", "CPU s/GB", "intact");

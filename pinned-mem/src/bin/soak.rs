@@ -2,8 +2,8 @@
 //! checks that the data keeps arriving intact and that memory stays flat.
 //!
 //! ```text
-//! cargo run --release -p pinned-mem --bin soak -- --gb 100            # 100 GB per strategy
-//! cargo run -p pinned-mem --features emulator --bin soak -- --emulated --gb 2 --size 64M
+//! cargo run --release -p wirespeed-pinned --bin soak -- --gb 100            # 100 GB per strategy
+//! cargo run -p wirespeed-pinned --features emulator --bin soak -- --emulated --gb 2 --size 64M
 //! ```
 //!
 //! Every pass, three random 16 MiB pieces of the device copy are read back and
@@ -14,9 +14,9 @@
 
 #[path = "common/demo.rs"]
 mod demo;
-use cuda_safe::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use demo::pattern_file;
-use pinned_mem::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
+use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -105,7 +105,7 @@ fn run() -> Result<bool, String> {
     let a = args()?;
     if a.emulated {
         #[cfg(feature = "emulator")]
-        cuda_sys::emulator::install().map_err(|e| e.to_string())?;
+        wirespeed_cuda_sys::emulator::install().map_err(|e| e.to_string())?;
         #[cfg(not(feature = "emulator"))]
         return Err("--emulated needs a build with --features emulator".into());
     }
@@ -149,7 +149,7 @@ fn run() -> Result<bool, String> {
         ];
         println!(
             "soak{label}: {} file, {:.1} GB per strategy, pin budget {} MiB (whole-file: the file)",
-            pinned_mem::Bytes(len),
+            wirespeed_pinned::Bytes(len),
             a.gb,
             budget_bytes / MIB
         );

@@ -2,8 +2,8 @@
 //! host memory and of what reached the device (copied back outside the timed runs).
 
 use crate::util::Result;
-use cuda_safe::{DeviceBuffer, PinnedBuffer, Stream};
 use std::ops::Range;
+use wirespeed_cuda::{DeviceBuffer, PinnedBuffer, Stream};
 
 /// The checksum is defined over blocks of this many bytes (the last may be
 /// shorter), hashed independently and then folded in order.

@@ -5,12 +5,12 @@ use crate::args::Options;
 use crate::checksum;
 use crate::progress::Progress;
 use crate::util::{Context, Fatal, GIB, MIB, Result, disk_available, fmt_bytes, is_tmpfs, mem_available, round_down};
-use pinned_mem::MappedFile;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use wirespeed_pinned::MappedFile;
 
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -2,8 +2,8 @@
 
 use crate::args::Options;
 use crate::util::{Fatal, Result};
-use cuda_safe::Device;
-use cuda_safe::sys::{LoadError, RUNTIME_PATH_ENV, SEARCH_ORDER};
+use wirespeed_cuda::Device;
+use wirespeed_cuda::sys::{LoadError, RUNTIME_PATH_ENV, SEARCH_ORDER};
 
 /// The device the bench measures, and what it runs on.
 pub struct Gpu {
@@ -35,13 +35,13 @@ impl Gpu {
 }
 
 const EMULATOR_REBUILD: &str =
-    "cargo run --release -p pinned-mem --features emulator --bin bench -- --emulated --quick";
+    "cargo run --release -p wirespeed-pinned --features emulator --bin bench -- --emulated --quick";
 
 #[cfg(feature = "emulator")]
 fn use_emulator() -> Result<Option<String>> {
-    let path = cuda_safe::sys::emulator::library_path()
+    let path = wirespeed_cuda::sys::emulator::library_path()
         .map_err(|e| Fatal::NoGpu(format!("--emulated: the emulated runtime could not be made ready: {e}")))?;
-    cuda_safe::sys::emulator::install()
+    wirespeed_cuda::sys::emulator::install()
         .map_err(|e| Fatal::NoGpu(format!("--emulated: cannot select the emulated runtime: {e}")))?;
     Ok(Some(path))
 }
@@ -109,7 +109,7 @@ fn no_gpu(found: String) -> Fatal {
 /// Loads the runtime (the emulated one with `--emulated`) and picks device 0.
 pub fn select(opts: &Options) -> Result<Gpu> {
     let wanted = if opts.emulated { use_emulator()? } else { None };
-    let rt = cuda_safe::sys::runtime().map_err(|e| no_gpu(load_error(&e)))?;
+    let rt = wirespeed_cuda::sys::runtime().map_err(|e| no_gpu(load_error(&e)))?;
     if let Some(w) = &wanted
         && rt.path() != w
     {
@@ -127,7 +127,7 @@ pub fn select(opts: &Options) -> Result<Gpu> {
     }
     let device = Device::get(0)?;
     let name = device.name()?;
-    let info = cuda_safe::runtime_info()?;
+    let info = wirespeed_cuda::runtime_info()?;
     let (free, total) = device.mem_info()?;
     let emulated = wanted.is_some() || name.contains("Emulated");
     Ok(Gpu {

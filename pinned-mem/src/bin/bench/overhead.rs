@@ -13,10 +13,10 @@
 use crate::rawcuda;
 use crate::runs::Bench;
 use crate::util::{Result, Stats, stats, thread_cpu_seconds};
-use cuda_safe::{DeviceBuffer, PinnedBuffer, Stream};
 use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu, sched_setaffinity};
 use nix::unistd::Pid;
 use std::time::Instant;
+use wirespeed_cuda::{DeviceBuffer, PinnedBuffer, Stream};
 
 pub const COPY_BYTES: usize = 64 << 10;
 /// Copies per batch: few enough that the stream's queue never fills (a full

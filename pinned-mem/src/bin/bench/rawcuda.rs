@@ -6,19 +6,19 @@
 //! borrows it takes cover the whole time CUDA may touch the memory.
 
 use crate::util::{Fatal, Result, thread_cpu_seconds};
-use cuda_safe::sys::{Api, cudaError, cudaError_t, cudaMemcpyKind};
-use cuda_safe::{DeviceBuffer, PinnedBuffer, Stream};
 use std::time::Instant;
+use wirespeed_cuda::sys::{Api, cudaError, cudaError_t, cudaMemcpyKind};
+use wirespeed_cuda::{DeviceBuffer, PinnedBuffer, Stream};
 
 fn api() -> Result<&'static Api> {
-    Ok(cuda_safe::sys::runtime()?.api())
+    Ok(wirespeed_cuda::sys::runtime()?.api())
 }
 
 fn check(call: &str, code: cudaError_t) -> Result<()> {
     if code == cudaError::cudaSuccess {
         return Ok(());
     }
-    let (name, message) = match cuda_safe::sys::runtime() {
+    let (name, message) = match wirespeed_cuda::sys::runtime() {
         Ok(rt) => (rt.error_name(code), rt.error_string(code)),
         Err(_) => (format!("cudaError({})", code.0), String::new()),
     };

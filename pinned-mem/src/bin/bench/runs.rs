@@ -9,11 +9,11 @@ use crate::progress::Progress;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::util::{Fatal, GIB, KIB, MIB, Result, fmt_bytes, pieces, process_cpu_seconds, round_down};
-use cuda_safe::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
-use pinned_mem::{PinBudget, Report, Strategy, StreamConfig, Streamer};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
+use wirespeed_cuda::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
+use wirespeed_pinned::{PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 /// The chunk size of the baselines (the facts file's probes used 64 MiB).
 pub const CHUNK: u64 = 64 * MIB;

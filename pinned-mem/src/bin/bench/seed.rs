@@ -7,10 +7,10 @@ use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::runs::Bench;
 use crate::util::{Fatal, Result, process_cpu_seconds};
-use cuda_safe::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
+use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
 
 pub const ROWS: usize = 1024;
 pub const COLS: usize = 655_360;
