@@ -110,10 +110,10 @@ fn has_cudart(dir: &Path) -> bool {
 /// ```
 pub fn find_cuda() -> Option<CudaInstall> {
     for var in CUDA_ROOT_VARS {
-        if let Some(v) = env_var(var) {
-            if let Some(c) = install_at(Path::new(&v), var) {
-                return Some(c);
-            }
+        if let Some(v) = env_var(var)
+            && let Some(c) = install_at(Path::new(&v), var)
+        {
+            return Some(c);
         }
     }
     for root in DEFAULT_ROOTS {
@@ -142,10 +142,9 @@ pub fn wheel_site_dirs() -> Vec<PathBuf> {
     if let Ok(out) = std::process::Command::new("python3")
         .args(["-c", "import sys; print('\\n'.join(p for p in sys.path if p))"])
         .output()
+        && out.status.success()
     {
-        if out.status.success() {
-            dirs.extend(String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from));
-        }
+        dirs.extend(String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from));
     }
     dirs
 }

@@ -320,7 +320,11 @@ impl MappedFile {
     /// The pages `[start, end)` as a window that can be registered.
     pub(crate) fn window(self: &Arc<Self>, pages: Range<u64>) -> Result<FileWindow> {
         let page = page_size();
-        if pages.start >= pages.end || pages.start % page != 0 || pages.end % page != 0 || pages.end > self.map_len() {
+        if pages.start >= pages.end
+            || !pages.start.is_multiple_of(page)
+            || !pages.end.is_multiple_of(page)
+            || pages.end > self.map_len()
+        {
             return Err(Error::invalid(
                 "MappedFile::window",
                 format!("pages {pages:?} are not whole pages of the mapping"),

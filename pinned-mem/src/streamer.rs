@@ -1325,7 +1325,7 @@ fn direct_read(mut slot: FreeSlot, f: &File, file: &MappedFile, r: Range<u64>) -
     let need = (r.end - a0) as usize;
     let want = align_up(need as u64, DIRECT_ALIGN) as usize;
     let buf = slot.as_mut_slice()?;
-    if buf.as_ptr() as usize % DIRECT_ALIGN as usize != 0 || want > buf.len() {
+    if !(buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN as usize) || want > buf.len() {
         return Err(Error::invalid("direct read", "the slot is not aligned or too small for O_DIRECT"));
     }
     let mut got = 0usize;
@@ -1344,7 +1344,7 @@ fn direct_read(mut slot: FreeSlot, f: &File, file: &MappedFile, r: Range<u64>) -
             }
             Err(e) => return Err(Error::io("pread(O_DIRECT)", file.path(), e)),
         }
-        if got % DIRECT_ALIGN as usize != 0 && got < need {
+        if !got.is_multiple_of(DIRECT_ALIGN as usize) && got < need {
             // A short read in the middle of the file: continue from an aligned offset.
             got = align_down(got as u64, DIRECT_ALIGN) as usize;
         }

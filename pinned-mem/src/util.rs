@@ -18,7 +18,7 @@ impl fmt::Display for Bytes {
         const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
         let mut unit = 0;
         let mut v = self.0;
-        while unit + 1 < UNITS.len() && v >= 1024 && v % 1024 == 0 {
+        while unit + 1 < UNITS.len() && v >= 1024 && v.is_multiple_of(1024) {
             v /= 1024;
             unit += 1;
         }

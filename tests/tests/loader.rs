@@ -99,10 +99,10 @@ fn search_tries_every_candidate_in_order() {
             let names: Vec<&str> = tried.iter().map(|(n, _)| n.as_str()).collect();
             assert_eq!(names[0], missing);
             assert!(names.ends_with(SEARCH_ORDER), "{names:?}");
-            if let Ok(env) = std::env::var(RUNTIME_PATH_ENV) {
-                if !env.is_empty() {
-                    assert_eq!(names[1], env);
-                }
+            if let Ok(env) = std::env::var(RUNTIME_PATH_ENV)
+                && !env.is_empty()
+            {
+                assert_eq!(names[1], env);
             }
         }
         Err(e) => panic!("{e:?}"),

@@ -298,7 +298,7 @@ fn every_strategy_fails_cleanly_at_each_call_site() {
     for (i, strategy) in strategies().into_iter().enumerate() {
         for (call, nths) in sites {
             for &nth in *nths {
-                t.set_delay_us(if (i + nth as usize) % 2 == 0 { 0 } else { 300 });
+                t.set_delay_us(if (i + nth as usize).is_multiple_of(2) { 0 } else { 300 });
                 fired += usize::from(one_fault(&t, &file, &data, strategy, call, nth, false));
                 runs += 1;
             }

@@ -113,7 +113,7 @@ pub fn fmt_bytes(n: u64) -> String {
         n if n >= KIB => ("KiB", KIB),
         _ => return format!("{n} B"),
     };
-    if n % div == 0 { format!("{} {unit}", n / div) } else { format!("{:.2} {unit}", n as f64 / div as f64) }
+    if n.is_multiple_of(div) { format!("{} {unit}", n / div) } else { format!("{:.2} {unit}", n as f64 / div as f64) }
 }
 
 /// Parses "4G", "512M", "1.5GiB", "64k", "4096" (K, M, G, T are powers of 1024).
