@@ -21,6 +21,7 @@
 //!     wirespeed_build::emit_link(&cuda);
 //! }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::path::{Path, PathBuf};
 
@@ -173,6 +174,10 @@ pub fn find_cuda_wheel_includes() -> WheelIncludes {
 /// Prints the cargo lines that link `libcudart` from `cuda` dynamically.
 /// A wheel ships only `libcudart.so.N`, so linking by `-lcudart` needs the
 /// unversioned name: in that case link with the runtime's full file name.
+///
+/// When the calling package declares `links` in its manifest, the CUDA root
+/// and include folder are also passed on to dependents (`DEP_<LINKS>_ROOT`,
+/// `DEP_<LINKS>_INCLUDE`); without `links` cargo has no place for them.
 pub fn emit_link(cuda: &CudaInstall) {
     println!("cargo:rustc-link-search=native={}", cuda.lib.display());
     if cuda.lib.join("libcudart.so").exists() {
@@ -183,8 +188,10 @@ pub fn emit_link(cuda: &CudaInstall) {
         println!("cargo:rustc-link-arg=-l:{name}");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", cuda.lib.display());
-    println!("cargo:root={}", cuda.root.display());
-    println!("cargo:include={}", cuda.include.display());
+    if std::env::var_os("CARGO_MANIFEST_LINKS").is_some() {
+        println!("cargo:root={}", cuda.root.display());
+        println!("cargo:include={}", cuda.include.display());
+    }
 }
 
 /// Compiles C `sources` with the `cc` crate (position independent, `-O2`,

@@ -72,6 +72,7 @@
 //! needed): a hidden first line, `wirespeed_cuda::sys::emulator::install()?`,
 //! points the loader at it (cuda-sys's `emulator` feature, on for this crate's
 //! tests). Without that line they use the real runtime, unchanged.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod device;
 mod error;

@@ -42,10 +42,15 @@ static LIBRARY_BYTES: &[u8] = include_bytes!(env!("CUDA_SYS_EMULATOR_PATH"));
 /// temporary folder.
 ///
 /// # Errors
-/// [`LoadError::NotFound`] when the copy cannot be written.
+/// [`LoadError::NotFound`] when the copy cannot be written, or when this is a
+/// documentation-only build (`DOCS_RS` set), which compiles no emulator.
 pub fn library_path() -> Result<String, LoadError> {
     static PATH: OnceLock<Result<String, LoadError>> = OnceLock::new();
     PATH.get_or_init(|| {
+        if LIBRARY_BYTES.is_empty() {
+            let why = "this is a documentation-only build (DOCS_RS was set): no emulated runtime was compiled";
+            return Err(LoadError::NotFound { tried: vec![(LIBRARY_PATH.to_string(), why.to_string())] });
+        }
         if std::path::Path::new(LIBRARY_PATH).is_file() {
             return Ok(LIBRARY_PATH.to_string());
         }

@@ -11,7 +11,7 @@
 //!   [`runtime`] for the search order. The `link` feature links `libcudart` at
 //!   build time instead (`Runtime::linked`, with that feature).
 //! * The `emulator` feature builds a host-only stand-in for `libcudart`
-//!   ([`emulator`]) that the loader can load by path.
+//!   (the `emulator` module) that the loader can load by path.
 //!
 //! ```
 //! match wirespeed_cuda_sys::runtime() {
@@ -25,8 +25,10 @@
 //! }
 //! ```
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "emulator")]
+#[cfg_attr(docsrs, doc(cfg(feature = "emulator")))]
 pub mod emulator;
 mod loader;
 

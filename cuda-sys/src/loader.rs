@@ -217,6 +217,7 @@ impl Runtime {
     /// [`LoadError::Version`] when `cudaRuntimeGetVersion` fails,
     /// [`LoadError::UnsupportedVersion`] for a runtime other than 13.
     #[cfg(feature = "link")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "link")))]
     pub fn linked() -> Result<&'static Runtime, LoadError> {
         static LINKED: OnceLock<Result<Runtime, LoadError>> = OnceLock::new();
         let library = || "linked libcudart".to_string();

@@ -1,10 +1,11 @@
 //! Pin memory-mapped files in place, a reusable pinned ring, and streaming
 //! files of any size to one or more GPUs at the line rate.
 //!
-//! The seed's problem: a 68 GB memmap to move to the GPU. Pageable copies run
-//! at 8 GB/s, pinning a copy of every batch at 1.6 GB/s, and pinning it all
-//! crashes the machine. What this crate does instead, from what was measured
-//! on an H200 (`shared/facts/h200-baseline.md`):
+//! The problem: a file of tens of GB (say a 68 GB `np.memmap`) to move to the
+//! GPU. Pageable copies run at 8-16 GB/s, allocating a fresh pinned buffer for
+//! every batch costs more than it saves (`cudaHostAlloc` takes about 0.34 s per
+//! GiB), and pinning the whole file is impossible when it is larger than RAM.
+//! What this crate does instead:
 //!
 //! * [`MappedFile`]: the file mapped `PROT_READ` + `MAP_SHARED` (never
 //!   `MAP_PRIVATE`, which stalled `cudaHostRegister`; never writable, which the
@@ -25,7 +26,7 @@
 //!   once, or `O_DIRECT` reads for cold files — and [`Report`]s the rate, CPU
 //!   time, peak pinned bytes and registrations.
 //!
-//! # What was measured (H200, driver 580, one run each; the bench measures again)
+//! # What was measured (H200, driver 580; the project's benchmark measures it again on your machine)
 //!
 //! * A registration reused across passes copies at the line rate: 55.1 GB/s
 //!   for 4 GiB (0.995 of 55.4).
@@ -39,7 +40,7 @@
 //!
 //! # Safety model
 //!
-//! Built on `cuda-safe`: every buffer's fence makes host access and `Drop` wait
+//! Built on `wirespeed-cuda`: every buffer's fence makes host access and `Drop` wait
 //! for the device, and nothing relies on a destructor running. Registered file
 //! windows own an `Arc<MappedFile>` inside the `wirespeed_cuda::HostRegistration`
 //! that owns them, so leaking anything leaks the mapping rather than unmapping
@@ -59,13 +60,15 @@
 //! use wirespeed_cuda::{Device, DeviceBuffer};
 //! # fn main() -> wirespeed_pinned::Result<()> {
 //! let dev = Device::get(0)?;
-//! let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+//! // SAFETY: nobody writes or truncates the file while it is mapped.
+//! let file = unsafe { MappedFile::open("/data/train.bin") }?;
 //! let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
 //! let mut scratch = DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
 //! let report = streamer.to_scratch(&file, 0..file.len(), &mut scratch)?;
 //! println!("{report}"); // "hybrid 1 GiB windows + 16 MiB slots, 4 threads: 63.3 GiB in ... s (... GB/s), ..."
 //! # Ok(()) }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod budget;
 mod error;

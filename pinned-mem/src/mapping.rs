@@ -31,7 +31,7 @@ use crate::util::{align_down, align_up, page_size};
 /// ```no_run
 /// # fn main() -> wirespeed_pinned::Result<()> {
 /// // SAFETY: nothing writes or truncates the file while it is mapped.
-/// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+/// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
 /// println!("{}: {} bytes, first byte {}", file.path().display(), file.len(), file.as_bytes()[0]);
 /// # Ok(()) }
 /// ```
@@ -82,7 +82,7 @@ impl MappedFile {
     ///
     /// ```no_run
     /// // SAFETY: the file is ours and stays unchanged while mapped.
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// assert!(f.len() > 0);
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
@@ -155,7 +155,7 @@ impl MappedFile {
     /// The file's length in bytes (never 0).
     ///
     /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// println!("{} bytes", f.len());
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
@@ -167,8 +167,8 @@ impl MappedFile {
     /// The path it was opened with.
     ///
     /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
-    /// assert_eq!(f.path(), std::path::Path::new("/data/seed.bin"));
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// assert_eq!(f.path(), std::path::Path::new("/data/train.bin"));
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn path(&self) -> &Path {
@@ -179,7 +179,7 @@ impl MappedFile {
     ///
     /// ```no_run
     /// use std::os::unix::fs::FileExt;
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// let mut head = [0u8; 16];
     /// f.file().read_exact_at(&mut head, 0).unwrap();
     /// # Ok::<(), wirespeed_pinned::Error>(())
@@ -191,7 +191,7 @@ impl MappedFile {
     /// All the file's bytes, through the mapping (pages fault in on first touch).
     ///
     /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// let sum: u64 = f.as_bytes()[..4096].iter().map(|&b| u64::from(b)).sum();
     /// # let _ = sum; Ok::<(), wirespeed_pinned::Error>(())
     /// ```
@@ -212,7 +212,7 @@ impl MappedFile {
     /// then skipped, and only the pages no one maps are dropped.
     ///
     /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// f.drop_page_cache()?;
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
@@ -235,7 +235,7 @@ impl MappedFile {
     /// in whole pages and clipped to `range`.
     ///
     /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// let cached = f.resident_bytes(0..f.len())?;
     /// println!("{:.0}% cached", 100.0 * cached as f64 / f.len() as f64);
     /// # Ok::<(), wirespeed_pinned::Error>(())

@@ -127,7 +127,7 @@ impl Registered {
 /// use wirespeed_pinned::{MappedFile, PinBudget, PinOptions, PinnedRange};
 /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 /// # fn main() -> wirespeed_pinned::Result<()> {
-/// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+/// let file = unsafe { MappedFile::open("/data/train.bin") }?;
 /// let budget = PinBudget::new(4 << 30);
 /// let range = PinnedRange::new(&file, 1000..(1 << 20) + 1000, PinOptions::default(), &budget)?;
 /// let dev = Device::get(0)?;
@@ -162,7 +162,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 0..file.len(), PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert_eq!(r.len(), file.len());
     /// # Ok(()) }
@@ -289,7 +289,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 10..20, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.source().len(), 10);
     /// # Ok(()) }
@@ -305,7 +305,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 0..4096, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.slice(100..200)?.len(), 100);
     /// # Ok(()) }
@@ -329,7 +329,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 0..16, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.as_bytes(), &file.as_bytes()[..16]);
     /// # Ok(()) }
@@ -343,7 +343,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.range(), 5..9);
     /// # Ok(()) }
@@ -357,7 +357,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// assert_eq!(PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?.len(), 4);
     /// # Ok(()) }
     /// ```
@@ -372,7 +372,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.pinned_pages().start, 0);
     /// # Ok(()) }
@@ -386,7 +386,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { mlock: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert!(r.is_mlocked());
     /// # Ok(()) }
@@ -400,7 +400,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert!(r.is_portable());
     /// # Ok(()) }
@@ -414,7 +414,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let b = PinBudget::unlimited();
     /// let all = PinnedRange::new(&file, 0..8192, PinOptions::default(), &b)?;
     /// let part = PinnedRange::new(&file, 100..200, PinOptions::default(), &b)?; // shares `all`
@@ -430,7 +430,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert!(std::sync::Arc::ptr_eq(r.file(), &file));
     /// # Ok(()) }
@@ -446,7 +446,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?.release()?;
     /// # Ok(()) }
     /// ```

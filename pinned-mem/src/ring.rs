@@ -520,7 +520,7 @@ impl FreeSlot {
     ///
     /// ```no_run
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
-    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// let full = ring.acquire()?.copy_from(&file.as_bytes()[..4096])?;
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
@@ -544,7 +544,7 @@ impl FreeSlot {
     ///
     /// ```no_run
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
-    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/seed.bin") }?;
+    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
     /// let full = ring.acquire()?.read_from(&file, 0, 4096)?;
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```

@@ -331,3 +331,29 @@ pub fn drop_capabilities(caps: &[u32]) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Keeps panics that a test provokes on purpose out of a passing run's output:
+/// installs (once per process) a panic hook that stays silent for a payload
+/// containing `"(expected in this test)"` and hands every other panic to the
+/// default hook, backtrace and all.
+pub fn quiet_expected_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let p = info.payload();
+            let msg = p.downcast_ref::<&str>().copied().or_else(|| p.downcast_ref::<String>().map(String::as_str));
+            if !msg.is_some_and(|m| m.contains("(expected in this test)")) {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// The Rust examples of the READMEs, compiled as doc-tests of this crate so
+/// that a README cannot drift from the API.
+#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../../cuda-sys/README.md")]
+#[doc = include_str!("../../cuda-safe/README.md")]
+#[doc = include_str!("../../pinned-mem/README.md")]
+pub mod readme_examples {}

@@ -559,6 +559,7 @@ fn progress_reports_every_byte() {
 #[test]
 fn a_panicking_progress_callback_is_an_error() {
     let t = start();
+    wirespeed_tests::quiet_expected_panics();
     let _w = Watchdog::new(60);
     let dir = DiskDir::new("panic");
     let (file, data) = data_file(&dir, 14, LEN);
