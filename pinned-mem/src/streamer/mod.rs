@@ -43,7 +43,13 @@ use crate::range::{PinOptions, PinnedRange};
 use crate::ring::{FreeSlot, FullSlot, PinnedRing};
 use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, RangePart, ScratchSink, Sink, Verifier, mask_streams};
 use crate::strategy::{DIRECT_ALIGN, HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy, plan};
-use crate::util::{Bytes, align_down, align_up, cpus, page_size, process_cpu_seconds};
+use crate::util::{align_down, align_up, cpus, page_size, process_cpu_seconds};
+
+mod config;
+mod report;
+
+pub use config::{Progress, StreamConfig};
+pub use report::Report;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -93,132 +99,6 @@ fn wait_tail(ev: &Event, spin: std::time::Duration) -> wirespeed_cuda::Result<()
         std::hint::spin_loop();
     }
     ev.synchronize()
-}
-
-/// A progress callback: `(bytes done, bytes in all)`, called from worker
-/// threads or the calling thread (whole-file passes run on it).
-pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
-
-/// How a [`Streamer`] works.
-///
-/// ```
-/// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
-/// let mut cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30));
-/// cfg.verify = true;
-/// cfg.progress = Some(std::sync::Arc::new(|done, total| eprintln!("{done}/{total}")));
-/// ```
-#[derive(Clone)]
-pub struct StreamConfig {
-    /// The strategy, or [`Strategy::Auto`].
-    pub strategy: Strategy,
-    /// What every registration, window, slot and bounce buffer draws from.
-    pub budget: PinBudget,
-    /// `mlock` registered windows too (see [`PinOptions::mlock`]); with `Auto`,
-    /// windows are also kept within the `RLIMIT_MEMLOCK` headroom.
-    pub mlock: bool,
-    /// Copy the data back and compare it with the file ([`Report::verified`]).
-    pub verify: bool,
-    /// Called as copies complete, with `(bytes done, bytes in all)`, from worker
-    /// threads or the calling thread. It must be quick. Calling back into the
-    /// same streamer from it fails with [`Error::InvalidArgument`]; a panic in
-    /// it ends the transfer with [`Error::WorkerPanicked`].
-    pub progress: Option<Progress>,
-}
-
-impl std::fmt::Debug for StreamConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamConfig")
-            .field("strategy", &self.strategy)
-            .field("budget", &self.budget)
-            .field("mlock", &self.mlock)
-            .field("verify", &self.verify)
-            .field("progress", &self.progress.is_some())
-            .finish()
-    }
-}
-
-impl StreamConfig {
-    /// `strategy` and `budget`, no mlock, no verification, no progress.
-    ///
-    /// ```
-    /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::WholeFile, wirespeed_pinned::PinBudget::unlimited());
-    /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none());
-    /// ```
-    pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
-        StreamConfig { strategy, budget, mlock: false, verify: false, progress: None }
-    }
-}
-
-/// What a transfer did.
-///
-/// ```
-/// let r = wirespeed_pinned::Report {
-///     strategy: wirespeed_pinned::Strategy::WholeFile, bytes: 2_000_000_000, seconds: 0.04, cpu_seconds: 0.01,
-///     peak_pinned: 2 << 30, registrations: 0, verified: None,
-/// };
-/// assert!((r.gbps() - 50.0).abs() < 1e-9);
-/// println!("{r}");
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct Report {
-    /// The strategy used (what `Auto` resolved to, sizes rounded).
-    pub strategy: Strategy,
-    /// Bytes moved to devices (the range's length times the number of destinations).
-    pub bytes: u64,
-    /// Wall time of the transfer, up to all copies complete (without verification).
-    pub seconds: f64,
-    /// CPU time of the whole process meanwhile (user + system, all threads).
-    pub cpu_seconds: f64,
-    /// The most bytes pinned through the budget at once during the call
-    /// (including the streamer's cached registrations and ring).
-    pub peak_pinned: u64,
-    /// `cudaHostRegister` calls made (0 on a pass served by a cached registration).
-    pub registrations: u64,
-    /// With [`StreamConfig::verify`]: whether the device data equals the file.
-    pub verified: Option<bool>,
-}
-
-impl Report {
-    /// Decimal gigabytes per second (`bytes / seconds / 1e9`), as in the H200 facts.
-    ///
-    /// ```
-    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None };
-    /// assert_eq!(r.gbps(), 0.0);
-    /// ```
-    pub fn gbps(&self) -> f64 {
-        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
-    }
-
-    /// CPU seconds per decimal gigabyte moved.
-    ///
-    /// ```
-    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None };
-    /// assert_eq!(r.cpu_per_gb(), 0.5);
-    /// ```
-    pub fn cpu_per_gb(&self) -> f64 {
-        if self.bytes > 0 { self.cpu_seconds / (self.bytes as f64 / 1e9) } else { 0.0 }
-    }
-}
-
-impl std::fmt::Display for Report {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: {} in {:.3} s ({:.2} GB/s), {:.3} CPU s/GB, peak pinned {}, {} registrations",
-            self.strategy,
-            Bytes(self.bytes),
-            self.seconds,
-            self.gbps(),
-            self.cpu_per_gb(),
-            Bytes(self.peak_pinned),
-            self.registrations
-        )?;
-        match self.verified {
-            Some(true) => write!(f, ", verified"),
-            Some(false) => write!(f, ", VERIFICATION FAILED"),
-            None => Ok(()),
-        }
-    }
 }
 
 /// Moves byte ranges of mapped files to device memory on one or more GPUs,
