@@ -23,7 +23,6 @@
 //! per batch, not per window); in the hybrid, ring copies keep the copy engine
 //! busy meanwhile.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::ops::Range;
@@ -42,23 +41,24 @@ use crate::mapping::MappedFile;
 use crate::range::{PinOptions, PinnedRange};
 use crate::ring::{FreeSlot, FullSlot, PinnedRing};
 use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, RangePart, ScratchSink, Sink, Verifier, mask_streams};
-use crate::strategy::{DIRECT_ALIGN, HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy, plan};
-use crate::util::{align_down, align_up, cpus, page_size, process_cpu_seconds};
+use crate::strategy::{DIRECT_ALIGN, HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
+use crate::util::{align_down, align_up, page_size, process_cpu_seconds};
 
+mod cache;
 mod config;
+mod enter;
+mod plan;
 mod report;
+
+use cache::{State, cached, drop_overlapping, kept};
+use enter::IN_CALLBACK;
+use plan::{check_budget, check_range};
 
 pub use config::{Progress, StreamConfig};
 pub use report::Report;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-thread_local! {
-    /// The streamers whose progress callbacks this thread is inside, innermost
-    /// last (a callback may run another streamer, whose callback runs here too).
-    static IN_CALLBACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Copies from a cached whole-file registration are enqueued in pieces of this
@@ -134,27 +134,9 @@ pub struct Streamer {
     state: Mutex<State>,
 }
 
-#[derive(Default)]
-struct State {
-    /// Whole-file registrations, least recently used first.
-    cache: Vec<PinnedRange>,
-    ring: Option<PinnedRing>,
-}
-
 impl std::fmt::Debug for Streamer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Streamer").field("devices", &self.devices).field("config", &self.config).finish()
-    }
-}
-
-/// Clears the owner mark when a call ends, however it ends.
-struct Owner<'a>(&'a Mutex<Option<ThreadId>>, ThreadId);
-impl Drop for Owner<'_> {
-    fn drop(&mut self) {
-        let mut o = lock(self.0);
-        if *o == Some(self.1) {
-            *o = None;
-        }
     }
 }
 
@@ -234,69 +216,6 @@ impl Streamer {
     /// ```
     pub fn config(&self) -> &StreamConfig {
         &self.config
-    }
-
-    /// Bytes of registrations and ring the streamer keeps between calls.
-    ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// assert_eq!(s.kept_pinned_bytes(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
-    /// ```
-    pub fn kept_pinned_bytes(&self) -> u64 {
-        match self.state.try_lock() {
-            Ok(st) => kept(&st),
-            Err(_) => 0,
-        }
-    }
-
-    /// Drops the cached registrations and the ring (unregistering and freeing
-    /// them, returning their bytes to the budget).
-    ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// s.release_pins()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// `cudaHostUnregister`'s error (the first one; the rest are still released),
-    /// or [`Error::InvalidArgument`] from inside a callback of this streamer.
-    pub fn release_pins(&self) -> Result<()> {
-        let (_owner, mut st) = self.enter("Streamer::release_pins")?;
-        st.ring = None;
-        let mut first = Ok(());
-        for r in std::mem::take(&mut st.cache) {
-            if let Err(e) = r.release() {
-                first = first.and(Err(e));
-            }
-        }
-        first
-    }
-
-    /// What [`Strategy::Auto`] picks for `file_len` bytes of a page-cached file
-    /// with the budget as it is now (the configured strategy, when not `Auto`).
-    /// When nothing fits it answers the smallest ring, which then fails with
-    /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
-    /// range larger than the budget gets [`Strategy::Direct`].
-    ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
-    /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
-    /// # Ok::<(), wirespeed_pinned::Error>(())
-    /// ```
-    pub fn resolve(&self, file_len: u64) -> Strategy {
-        let strategy = self.config.strategy.normalized().unwrap_or(self.config.strategy);
-        if strategy != Strategy::Auto {
-            return strategy;
-        }
-        let kept = self.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
-        let avail = self.usable(kept);
-        plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
     }
 
     /// Moves file bytes `range` to `dst` (of the range's length) on its device.
@@ -489,25 +408,6 @@ impl Streamer {
 
     // ------------------------------------------------------------ internals
 
-    /// Takes the streamer for one call. A call from inside one of its own
-    /// callbacks is refused (it would wait for itself): on the calling thread
-    /// (chunk callbacks, the progress callback of an inline pass) the owner
-    /// says so, on an agent thread the progress callback's mark does.
-    fn enter(&self, what: &'static str) -> Result<(Owner<'_>, MutexGuard<'_, State>)> {
-        let me = std::thread::current().id();
-        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(|c| c.borrow().contains(&self.id())) {
-            return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
-        }
-        let st = lock(&self.state);
-        *lock(&self.owner) = Some(me);
-        Ok((Owner(&self.owner, me), st))
-    }
-
-    /// This streamer's identity for [`IN_CALLBACK`] (its address; never 0).
-    fn id(&self) -> usize {
-        std::ptr::from_ref(self) as usize
-    }
-
     fn stream_of(&self, d: Device) -> Result<usize> {
         self.devices.iter().position(|x| *x == d).ok_or_else(|| {
             Error::invalid(
@@ -521,35 +421,6 @@ impl Streamer {
         PinOptions { mlock: self.config.mlock, portable: self.portable }
     }
 
-    /// Pinned bytes a plan may use: what the budget has left plus what the
-    /// streamer keeps (it would give those back), within the mlock headroom.
-    fn usable(&self, kept: u64) -> u64 {
-        let mut avail = self.config.budget.available().saturating_add(kept);
-        if self.config.mlock
-            && let Some(h) = crate::memlock::memlock_headroom()
-        {
-            avail = avail.min(h);
-        }
-        avail
-    }
-
-    /// Gives back cached registrations (least recently used first) and then
-    /// the ring until `need` bytes are available, keeping what is asked.
-    fn make_room(&self, st: &mut State, need: u64, keep_ring: bool, keep_cache: Option<usize>) {
-        let budget = &self.config.budget;
-        let mut i = 0;
-        while budget.available() < need && i < st.cache.len() {
-            if Some(i) == keep_cache {
-                i += 1;
-                continue;
-            }
-            drop(st.cache.remove(i));
-        }
-        if budget.available() < need && !keep_ring {
-            st.ring = None;
-        }
-    }
-
     fn verifier(&self, st: &mut State, len: u64) -> Result<Option<Verifier>> {
         if !self.config.verify {
             return Ok(None);
@@ -557,27 +428,6 @@ impl Streamer {
         let bytes = align_up(len.clamp(1, VERIFY_BOUNCE), page_size());
         self.make_room(st, bytes, false, None);
         Ok(Some(Verifier::new(&self.config.budget, bytes as usize)?))
-    }
-
-    fn pick(&self, st: &State, file: &Arc<MappedFile>, range: &Range<u64>) -> Result<Strategy> {
-        let strategy = self.config.strategy.normalized()?;
-        if strategy != Strategy::Auto {
-            return Ok(strategy);
-        }
-        if cached(st, file, range, self.portable).is_some() {
-            return Ok(Strategy::WholeFile);
-        }
-        let len = range.end - range.start;
-        let avail = self.usable(kept(st));
-        let cold = len > avail && {
-            let resident = file.resident_bytes(range.clone()).unwrap_or(len);
-            resident < len / 2
-        };
-        plan(len, avail, cpus(), cold).ok_or(Error::BudgetExceeded {
-            requested: 2 * (64 << 10),
-            available: avail,
-            limit: self.config.budget.limit(),
-        })
     }
 
     fn ring_for(&self, st: &mut State, slots: usize, slot: usize) -> Result<PinnedRing> {
@@ -837,60 +687,6 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
-}
-
-fn kept(st: &State) -> u64 {
-    let cache: u64 =
-        st.cache.iter().filter(|r| r.sharers() == 1).map(|r| r.pinned_pages().end - r.pinned_pages().start).sum();
-    cache + st.ring.as_ref().map_or(0, |r| r.slots() as u64 * r.slot_bytes() as u64)
-}
-
-/// Gives back the streamer's own cached registrations of `file` that share
-/// pages with `range` without containing it: this pass's registrations of
-/// those pages would otherwise fail with `Overlap` (a registration cannot grow
-/// or be registered twice). Ones a caller also holds stay (the pass then
-/// reports the `Overlap`).
-fn drop_overlapping(st: &mut State, file: &Arc<MappedFile>, range: &Range<u64>) {
-    let page = page_size();
-    let pages = align_down(range.start, page)..align_up(range.end, page);
-    st.cache.retain(|c| {
-        let p = c.pinned_pages();
-        let overlaps = p.start < pages.end && pages.start < p.end;
-        let contains = c.range().start <= range.start && range.end <= c.range().end;
-        !(Arc::ptr_eq(c.file(), file) && overlaps && !contains && c.sharers() == 1)
-    });
-}
-
-fn cached(st: &State, file: &Arc<MappedFile>, range: &Range<u64>, portable: bool) -> Option<usize> {
-    st.cache.iter().position(|c| {
-        Arc::ptr_eq(c.file(), file)
-            && c.range().start <= range.start
-            && range.end <= c.range().end
-            && (c.is_portable() || !portable)
-    })
-}
-
-fn check_range(file: &MappedFile, range: &Range<u64>) -> Result<u64> {
-    if range.start > range.end || range.end > file.len() {
-        return Err(Error::BadRange {
-            range: range.clone(),
-            len: file.len(),
-            reason: if range.start > range.end {
-                "the range is reversed"
-            } else {
-                "the range runs past the end of the file"
-            },
-        });
-    }
-    Ok(range.end - range.start)
-}
-
-fn check_budget(budget: &PinBudget, need: u64) -> Result<()> {
-    let available = budget.available();
-    if need > available {
-        return Err(Error::BudgetExceeded { requested: need, available, limit: budget.limit() });
-    }
-    Ok(())
 }
 
 /// What the agents of one transfer share.

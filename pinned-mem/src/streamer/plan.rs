@@ -1,0 +1,95 @@
+//! Choosing the strategy: what [`Strategy::Auto`] resolves to for a range of
+//! a file with the budget as it is, and the checks of a range and of the
+//! budget before anything is pinned.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::Streamer;
+use super::cache::{State, cached, kept};
+use crate::budget::PinBudget;
+use crate::error::{Error, Result};
+use crate::mapping::MappedFile;
+use crate::strategy::{Strategy, plan};
+use crate::util::cpus;
+
+impl Streamer {
+    /// What [`Strategy::Auto`] picks for `file_len` bytes of a page-cached file
+    /// with the budget as it is now (the configured strategy, when not `Auto`).
+    /// When nothing fits it answers the smallest ring, which then fails with
+    /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
+    /// range larger than the budget gets [`Strategy::Direct`].
+    ///
+    /// ```no_run
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
+    /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
+    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    pub fn resolve(&self, file_len: u64) -> Strategy {
+        let strategy = self.config.strategy.normalized().unwrap_or(self.config.strategy);
+        if strategy != Strategy::Auto {
+            return strategy;
+        }
+        let kept = self.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
+        let avail = self.usable(kept);
+        plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
+    }
+
+    /// Pinned bytes a plan may use: what the budget has left plus what the
+    /// streamer keeps (it would give those back), within the mlock headroom.
+    pub(super) fn usable(&self, kept: u64) -> u64 {
+        let mut avail = self.config.budget.available().saturating_add(kept);
+        if self.config.mlock
+            && let Some(h) = crate::memlock::memlock_headroom()
+        {
+            avail = avail.min(h);
+        }
+        avail
+    }
+
+    pub(super) fn pick(&self, st: &State, file: &Arc<MappedFile>, range: &Range<u64>) -> Result<Strategy> {
+        let strategy = self.config.strategy.normalized()?;
+        if strategy != Strategy::Auto {
+            return Ok(strategy);
+        }
+        if cached(st, file, range, self.portable).is_some() {
+            return Ok(Strategy::WholeFile);
+        }
+        let len = range.end - range.start;
+        let avail = self.usable(kept(st));
+        let cold = len > avail && {
+            let resident = file.resident_bytes(range.clone()).unwrap_or(len);
+            resident < len / 2
+        };
+        plan(len, avail, cpus(), cold).ok_or(Error::BudgetExceeded {
+            requested: 2 * (64 << 10),
+            available: avail,
+            limit: self.config.budget.limit(),
+        })
+    }
+}
+
+pub(super) fn check_range(file: &MappedFile, range: &Range<u64>) -> Result<u64> {
+    if range.start > range.end || range.end > file.len() {
+        return Err(Error::BadRange {
+            range: range.clone(),
+            len: file.len(),
+            reason: if range.start > range.end {
+                "the range is reversed"
+            } else {
+                "the range runs past the end of the file"
+            },
+        });
+    }
+    Ok(range.end - range.start)
+}
+
+pub(super) fn check_budget(budget: &PinBudget, need: u64) -> Result<()> {
+    let available = budget.available();
+    if need > available {
+        return Err(Error::BudgetExceeded { requested: need, available, limit: budget.limit() });
+    }
+    Ok(())
+}
