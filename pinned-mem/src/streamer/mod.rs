@@ -23,12 +23,10 @@
 //! per batch, not per window); in the hybrid, ring copies keep the copy engine
 //! busy meanwhile.
 
-use std::collections::{HashMap, VecDeque};
-use std::fs::File;
+use std::collections::HashMap;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::Instant;
@@ -38,21 +36,26 @@ use wirespeed_cuda::{Device, DeviceBuffer, Event, EventOptions, Stream};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
-use crate::range::{PinOptions, PinnedRange};
-use crate::ring::{FreeSlot, FullSlot, PinnedRing};
-use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, RangePart, ScratchSink, Sink, Verifier, mask_streams};
-use crate::strategy::{DIRECT_ALIGN, HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
-use crate::util::{align_down, align_up, page_size, process_cpu_seconds};
+use crate::range::PinOptions;
+use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, ScratchSink, Sink, Verifier};
+use crate::strategy::{HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
+use crate::util::{align_up, page_size, process_cpu_seconds};
 
 mod cache;
 mod config;
+mod direct;
 mod enter;
 mod plan;
 mod report;
+mod ring;
+mod whole;
+mod windows;
 
 use cache::{State, cached, drop_overlapping, kept};
 use enter::IN_CALLBACK;
 use plan::{check_budget, check_range};
+use ring::{Fill, ring_agent};
+use windows::{WindowSrc, window_agent};
 
 pub use config::{Progress, StreamConfig};
 pub use report::Report;
@@ -61,11 +64,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Copies from a cached whole-file registration are enqueued in pieces of this
-/// size (as fast as one copy, and progress and chunking see them).
-const PIECE: u64 = 64 << 20;
-/// Events in flight for whole-file pieces.
-const PIECE_IN_FLIGHT: usize = 4;
 /// The pinned bounce buffer of verification.
 const VERIFY_BOUNCE: u64 = 1 << 20;
 /// How long the tail of a pass polls its last event before sleeping on it: a
@@ -430,51 +428,6 @@ impl Streamer {
         Ok(Some(Verifier::new(&self.config.budget, bytes as usize)?))
     }
 
-    fn ring_for(&self, st: &mut State, slots: usize, slot: usize) -> Result<PinnedRing> {
-        if let Some(r) = &st.ring
-            && r.slots() == slots
-            && r.slot_bytes() == slot
-        {
-            return Ok(r.clone());
-        }
-        st.ring = None;
-        self.make_room(st, (slots as u64).saturating_mul(slot as u64), true, None);
-        let ring = PinnedRing::new(slots, slot, &self.config.budget)?;
-        st.ring = Some(ring.clone());
-        Ok(ring)
-    }
-
-    /// The cached registration for `range`, made (whole file if it fits) when missing.
-    fn whole(&self, st: &mut State, file: &Arc<MappedFile>, range: &Range<u64>, regs: &AtomicU64) -> Result<usize> {
-        if let Some(i) = cached(st, file, range, self.portable) {
-            // As a fresh registration would: refuse a file truncated since
-            // (its lost pages would fault, or copy stale bytes).
-            file.check_has(range.end)?;
-            let r = st.cache.remove(i);
-            st.cache.push(r);
-            return Ok(st.cache.len() - 1);
-        }
-        let page = page_size();
-        let pages = |r: &Range<u64>| align_up(r.end, page) - align_down(r.start, page);
-        let all = 0..file.len();
-        let whole_file = pages(&all) <= self.usable(kept(st));
-        let target = if whole_file { all } else { range.clone() };
-        self.make_room(st, pages(&target), false, None);
-        self.device_for_registration()?;
-        let (reg, fresh) = match PinnedRange::create(file, target, self.opts(), &self.config.budget) {
-            // A range of the file is registered elsewhere: register just what is asked.
-            Err(Error::Overlap { .. }) if whole_file => {
-                PinnedRange::create(file, range.clone(), self.opts(), &self.config.budget)?
-            }
-            r => r?,
-        };
-        if fresh {
-            regs.fetch_add(1, Ordering::Relaxed);
-        }
-        st.cache.push(reg);
-        Ok(st.cache.len() - 1)
-    }
-
     /// Registrations belong to the calling thread's current device unless portable.
     fn device_for_registration(&self) -> Result<()> {
         if !self.portable {
@@ -779,253 +732,6 @@ impl Claims {
         c.end = start;
         Some(r)
     }
-}
-
-#[derive(Clone, Copy)]
-enum WindowSrc<'a> {
-    /// Register each window, `in_flight` at once.
-    Register { window: u64, in_flight: usize },
-    /// Pieces of a registration made beforehand (cached whole file).
-    Whole { reg: &'a PinnedRange },
-}
-
-struct InFlightWindow {
-    reg: Option<PinnedRange>,
-    set: usize,
-    mask: u64,
-    len: u64,
-}
-
-/// Claims windows from the front, pins them (or takes them from the cached
-/// registration), enqueues their copies, and retires each once its events
-/// completed: register window i+1 while window i copies.
-fn window_agent<S: Sink>(
-    ctx: &Ctx<'_>,
-    claims: &Claims,
-    src: WindowSrc<'_>,
-    sink: &Mutex<S>,
-    tx: &SyncSender<S::Msg>,
-) -> Result<()> {
-    let (size, in_flight) = match src {
-        WindowSrc::Register { window, in_flight } => (window, in_flight.max(1)),
-        WindowSrc::Whole { .. } => (PIECE, PIECE_IN_FLIGHT),
-    };
-    let mut events: Vec<Vec<Option<Event>>> = {
-        let mut pool = lock(ctx.window_events);
-        (0..in_flight).map(|_| (0..ctx.streams.len()).map(|i| pool.get_mut(i).and_then(Vec::pop)).collect()).collect()
-    };
-    let mut queue: VecDeque<InFlightWindow> = VecDeque::with_capacity(in_flight);
-    let mut next_set = 0;
-    let mut out = Vec::new();
-
-    let retire = |w: InFlightWindow, events: &[Vec<Option<Event>>], tail: bool| -> Result<()> {
-        let mut res = Ok(());
-        for (i, ev) in events[w.set].iter().enumerate() {
-            if w.mask & (1 << i) != 0
-                && let Some(ev) = ev
-                && let Err(e) = if tail { wait_tail(ev, tail_spin(w.len)) } else { ev.synchronize() }
-            {
-                res = res.and(Err(e.into()));
-            }
-        }
-        if res.is_ok() {
-            ctx.progress(w.len);
-        }
-        // Unregister now, reporting errors (it waits on the fence if an event failed).
-        if let Some(reg) = w.reg {
-            res = res.and(reg.release());
-        }
-        res
-    };
-
-    let result = (|| -> Result<()> {
-        while !ctx.aborted() {
-            let Some(r) = claims.front(size) else { break };
-            if queue.len() >= in_flight {
-                // `cudaHostUnregister` waits for every copy in flight on the
-                // device (measured on the H200), so retiring one window per new
-                // window would drain the queue each time. Registered windows
-                // are retired all at once when they fill the budget: one drain
-                // per batch. Pieces of a cached registration (nothing to
-                // unregister) retire one at a time.
-                let batch = if matches!(src, WindowSrc::Register { .. }) { queue.len() } else { 1 };
-                for _ in 0..batch {
-                    if let Some(w) = queue.pop_front() {
-                        retire(w, &events, false)?;
-                    }
-                }
-            }
-            let len = r.end - r.start;
-            let own;
-            let part = match src {
-                WindowSrc::Register { .. } => {
-                    if !ctx.portable {
-                        ctx.device0.make_current()?;
-                    }
-                    let (reg, fresh) = PinnedRange::create(ctx.file, r.clone(), ctx.opts, ctx.budget)?;
-                    if fresh {
-                        ctx.registrations.fetch_add(1, Ordering::Relaxed);
-                    }
-                    own = Some(reg);
-                    match &own {
-                        Some(reg) => RangePart { range: reg, base: 0 },
-                        None => return Err(Error::invalid("window", "no registration")),
-                    }
-                }
-                WindowSrc::Whole { reg } => {
-                    own = None;
-                    RangePart { range: reg, base: (r.start - reg.range().start) as usize }
-                }
-            };
-            let put = {
-                let mut s = lock(sink);
-                let mask = s.streams_for(r.start, len);
-                s.put(ctx.streams, &part, r.start, len as usize, &mut out).map(|()| mask)
-            };
-            // An inline agent's channel has no reader (see `run`).
-            debug_assert!(!S::SILENT || out.is_empty(), "a SILENT sink sent a message");
-            let mask = match &put {
-                Ok(m) => *m,
-                Err(_) => u64::MAX >> (64 - ctx.streams.len()), // cover whatever was enqueued
-            };
-            let set = next_set;
-            next_set = (next_set + 1) % in_flight;
-            let mut recorded = 0;
-            let mut rec_err = None;
-            for (i, stream) in ctx.streams.iter().enumerate() {
-                if mask & (1 << i) == 0 {
-                    continue;
-                }
-                let slot = &mut events[set][i];
-                if slot.is_none() {
-                    match Event::new(&stream.device(), EventOptions { timing: false, blocking_sync: true }) {
-                        Ok(e) => *slot = Some(e),
-                        Err(e) => {
-                            rec_err.get_or_insert(e);
-                            continue;
-                        }
-                    }
-                }
-                if let Some(ev) = slot {
-                    match stream.record(ev) {
-                        Ok(()) => recorded |= 1 << i,
-                        Err(e) => {
-                            rec_err.get_or_insert(e);
-                        }
-                    }
-                }
-            }
-            // A piece whose copies failed is not progress (its events still cover
-            // whatever was enqueued).
-            let landed = if put.is_ok() { len } else { 0 };
-            queue.push_back(InFlightWindow { reg: own, set, mask: recorded, len: landed });
-            put?;
-            if let Some(e) = rec_err {
-                return Err(e.into());
-            }
-            for m in out.drain(..) {
-                if tx.send(m).is_err() {
-                    return Ok(()); // the caller stopped
-                }
-            }
-        }
-        Ok(())
-    })();
-
-    let mut res = result;
-    while let Some(w) = queue.pop_front() {
-        let tail = queue.is_empty();
-        let r = retire(w, &events, tail);
-        res = res.and(r);
-    }
-    // Keep the events for the next pass (re-recording a pending one is fine).
-    let mut pool = lock(ctx.window_events);
-    for set in events {
-        for (i, ev) in set.into_iter().enumerate() {
-            if let (Some(ev), Some(p)) = (ev, pool.get_mut(i)) {
-                p.push(ev);
-            }
-        }
-    }
-    res
-}
-
-#[derive(Clone, Copy)]
-enum Fill<'a> {
-    /// `pread` from the mapped file's descriptor (page cache).
-    Read,
-    /// `pread` from an `O_DIRECT` descriptor into aligned slots.
-    Direct(&'a File),
-}
-
-/// Claims slot-sized parts, reads each into a free ring slot and copies it.
-#[allow(clippy::too_many_arguments)]
-fn ring_agent<S: Sink>(
-    ctx: &Ctx<'_>,
-    claims: &Claims,
-    ring: &PinnedRing,
-    fill: Fill<'_>,
-    slot_size: u64,
-    from_back: bool,
-    sink: &Mutex<S>,
-    tx: &SyncSender<S::Msg>,
-) -> Result<()> {
-    let mut out = Vec::new();
-    while !ctx.aborted() {
-        let claimed = if from_back { claims.back(slot_size) } else { claims.front(slot_size) };
-        let Some(r) = claimed else { break };
-        let len = (r.end - r.start) as usize;
-        let slot = ring.acquire()?;
-        ctx.progress(slot.completed_bytes());
-        let full = match fill {
-            Fill::Read => slot.read_from(ctx.file, r.start, len)?,
-            Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone())?,
-        };
-        let mask = lock(sink).streams_for(r.start, len as u64);
-        let streams = mask_streams(mask, ctx.streams);
-        let in_flight = full.submit(&streams, |src| lock(sink).put(ctx.streams, src, r.start, len, &mut out))?;
-        drop(in_flight); // back to the ring, free again once its copies completed
-        for m in out.drain(..) {
-            if tx.send(m).is_err() {
-                return Ok(());
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Reads bytes `r` with `O_DIRECT`: the aligned pages around them, into the
-/// slot, then marks the wanted bytes.
-fn direct_read(mut slot: FreeSlot, f: &File, file: &MappedFile, r: Range<u64>) -> Result<FullSlot> {
-    let a0 = align_down(r.start, DIRECT_ALIGN);
-    let need = (r.end - a0) as usize;
-    let want = align_up(need as u64, DIRECT_ALIGN) as usize;
-    let buf = slot.as_mut_slice()?;
-    if !(buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN as usize) || want > buf.len() {
-        return Err(Error::invalid("direct read", "the slot is not aligned or too small for O_DIRECT"));
-    }
-    let mut got = 0usize;
-    while got < need {
-        match f.read_at(&mut buf[got..want], a0 + got as u64) {
-            Ok(0) => {
-                return Err(Error::FileChanged {
-                    path: file.path().to_path_buf(),
-                    message: format!("it ended before byte {}", r.end),
-                });
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                return Err(Error::DirectUnsupported { path: file.path().to_path_buf(), source: e });
-            }
-            Err(e) => return Err(Error::io("pread(O_DIRECT)", file.path(), e)),
-        }
-        if !got.is_multiple_of(DIRECT_ALIGN as usize) && got < need {
-            // A short read in the middle of the file: continue from an aligned offset.
-            got = align_down(got as u64, DIRECT_ALIGN) as usize;
-        }
-    }
-    slot.fill((r.start - a0) as usize..need)
 }
 
 #[cfg(test)]
