@@ -9,7 +9,8 @@ use std::sync::mpsc::SyncSender;
 
 use super::cache::State;
 use super::direct::direct_read;
-use super::{Claims, Ctx, Streamer, lock};
+use super::pipeline::{Claims, Ctx};
+use super::{Streamer, lock};
 use crate::error::Result;
 use crate::ring::PinnedRing;
 use crate::sink::{Sink, mask_streams};

@@ -12,8 +12,9 @@ use std::sync::mpsc::SyncSender;
 
 use wirespeed_cuda::{Event, EventOptions};
 
+use super::lock;
+use super::pipeline::{Claims, Ctx, tail_spin, wait_tail};
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
-use super::{Claims, Ctx, lock, tail_spin, wait_tail};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
 use crate::sink::{RangePart, Sink};
