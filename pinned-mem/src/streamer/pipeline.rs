@@ -4,15 +4,16 @@
 //! context ([`Ctx`]: first failure, abort, progress) and the cursor pair they
 //! claim parts of the range from ([`Claims`]).
 
+use std::fs::File;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use wirespeed_cuda::{Device, Event, Stream};
 
-use super::cache::{State, cached, drop_overlapping, kept};
+use super::cache::{State, drop_overlapping};
 use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
 use super::ring::{Fill, ring_agent};
@@ -21,7 +22,8 @@ use super::{Report, Streamer, lock};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
-use crate::range::PinOptions;
+use crate::range::{PinOptions, PinnedRange};
+use crate::ring::PinnedRing;
 use crate::sink::Sink;
 use crate::strategy::{HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
 use crate::util::{align_up, page_size, process_cpu_seconds};
@@ -59,6 +61,33 @@ pub(super) fn wait_tail(ev: &Event, spin: std::time::Duration) -> wirespeed_cuda
     ev.synchronize()
 }
 
+/// What a strategy holds for one transfer, made ready before any copy.
+struct Prepared {
+    /// Where the cached whole-file registration is in the streamer's cache.
+    whole: Option<usize>,
+    /// The `O_DIRECT` descriptor (direct).
+    direct: Option<File>,
+    /// The streamer's ring (ring, hybrid, direct).
+    ring: Option<PinnedRing>,
+}
+
+/// The agents a strategy runs: at most one window agent, and ring agents.
+struct Agents<'a> {
+    windows: Option<WindowSrc<'a>>,
+    ring: Option<RingAgents<'a>>,
+}
+
+/// The ring agents of a transfer: `threads` of them over `ring`, claiming
+/// `slot`-sized parts from the front, or from the back (hybrid).
+#[derive(Clone, Copy)]
+struct RingAgents<'a> {
+    ring: &'a PinnedRing,
+    fill: Fill<'a>,
+    slot: u64,
+    threads: usize,
+    from_back: bool,
+}
+
 impl Streamer {
     /// The transfer itself: plan, prepare, run the agents, drain, report.
     pub(super) fn run<S: Sink>(
@@ -67,13 +96,12 @@ impl Streamer {
         file: &Arc<MappedFile>,
         range: Range<u64>,
         sink: S,
-        mut on_msg: impl FnMut(S::Msg) -> Result<()>,
+        on_msg: impl FnMut(S::Msg) -> Result<()>,
     ) -> Result<(Report, S)> {
         let len = range.end - range.start;
         // An empty range moves nothing: no plan (which could refuse the budget).
         let strategy = if len == 0 { self.config.strategy.normalized()? } else { self.pick(st, file, &range)? };
-        let budget = &self.config.budget;
-        let watch = budget.watch();
+        let watch = self.config.budget.watch();
         let (t0, cpu0) = (Instant::now(), process_cpu_seconds());
         let registrations = AtomicU64::new(0);
         if len == 0 {
@@ -89,157 +117,27 @@ impl Streamer {
             return Ok((report, sink));
         }
 
-        // Prepare what the strategy pins, within the budget, before any copy;
-        // refuse at once (allocating nothing) what cannot fit even after giving
-        // back what the streamer keeps.
-        let need = |s: Strategy| s.pinned_bytes(len).unwrap_or(0);
-        let held = match (strategy, &st.ring) {
-            (Strategy::WholeFile, _) => cached(st, file, &range, self.portable).is_some(),
-            (Strategy::Ring { slots, slot, .. } | Strategy::Direct { slots, slot, .. }, Some(r)) => {
-                r.slots() == slots && r.slot_bytes() == slot
-            }
-            _ => false,
-        };
-        let usable = budget.available().saturating_add(kept(st));
-        if !held && need(strategy) > usable {
-            return Err(Error::BudgetExceeded { requested: need(strategy), available: usable, limit: budget.limit() });
-        }
-        if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
-            drop_overlapping(st, file, &range);
-        }
-        let mut whole_idx = None;
-        let mut ring = None;
-        let mut direct_file = None;
-        match strategy {
-            Strategy::Auto => return Err(Error::invalid("Streamer", "Auto was not resolved")),
-            Strategy::WholeFile => whole_idx = Some(self.whole(st, file, &range, &registrations)?),
-            Strategy::Windows { .. } => {
-                self.make_room(st, need(strategy), false, None);
-                check_budget(budget, need(strategy))?;
-            }
-            Strategy::Ring { slots, slot, .. } => ring = Some(self.ring_for(st, slots, slot)?),
-            Strategy::Hybrid { window, slot, threads } => {
-                let r = self.ring_for(st, threads * HYBRID_SLOTS_PER_THREAD, slot)?;
-                let w = align_up(window as u64, page_size()) * HYBRID_IN_FLIGHT as u64;
-                self.make_room(st, w, true, None);
-                check_budget(budget, w)?;
-                ring = Some(r);
-            }
-            Strategy::Direct { slots, slot, .. } => {
-                direct_file = Some(file.open_direct()?);
-                let r = self.ring_for(st, slots, slot)?;
-                ring = Some(r);
-            }
-        }
-        let whole = whole_idx.and_then(|i| st.cache.get(i));
+        // Prepare what the strategy pins, within the budget, before any copy.
+        self.check_fits(st, file, &range, strategy)?;
+        let held = self.prepare(st, file, &range, strategy, &registrations)?;
+        let whole = held.whole.and_then(|i| st.cache.get(i));
 
-        let ctx = Ctx {
-            window_events: &self.window_events,
-            file,
-            streams: &self.streams,
-            opts: self.opts(),
-            portable: self.portable,
-            device0: self.devices[0],
-            budget,
-            abort: AtomicBool::new(false),
-            error: Mutex::new(None),
-            registrations,
-            done: AtomicU64::new(0),
-            total: len,
-            progress: self.config.progress.as_deref(),
-            streamer: self.id(),
-        };
+        let ctx = self.ctx(file, len, registrations);
         let claims = Claims::new(range.clone());
         let sink = Mutex::new(sink);
-        let depth = 2 * self.streams.len() + 2;
+        let agents = agents(strategy, whole, &held);
+        match agents.windows {
+            // A whole-file pass (from the registration the streamer keeps, made
+            // above if it was missing) to devices needs one agent and no
+            // messages: it runs on this thread. A thread's start and its join
+            // would otherwise be a fixed cost of every such pass.
+            Some(src) if S::SILENT && matches!(strategy, Strategy::WholeFile) => {
+                run_inline(&ctx, &claims, &sink, src);
+            }
+            _ => run_threads(&ctx, &claims, &sink, agents, on_msg),
+        }
+        self.drain(&ctx, held.ring.as_ref());
 
-        // A whole-file pass (from the registration the streamer keeps, made
-        // above if it was missing) to devices needs one agent and no messages:
-        // it runs on this thread. A thread's start and its join would otherwise
-        // be a fixed cost of every such pass.
-        let inline = match (strategy, whole) {
-            (Strategy::WholeFile, Some(reg)) if S::SILENT => Some(WindowSrc::Whole { reg }),
-            _ => None,
-        };
-        if let Some(src) = inline {
-            // Nobody reads the channel: a SILENT sink never sends on it.
-            let (tx, _rx) = sync_channel::<S::Msg>(depth);
-            let agent = std::panic::AssertUnwindSafe(|| window_agent(&ctx, &claims, src, &sink, &tx));
-            match std::panic::catch_unwind(agent) {
-                Ok(r) => ctx.outcome(r),
-                // A panic in the agent itself, reported as an agent thread's.
-                Err(p) => ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) }),
-            }
-        } else {
-            std::thread::scope(|s| {
-                let (tx, rx) = sync_channel::<S::Msg>(depth);
-                let mut handles = Vec::new();
-                let windows = match strategy {
-                    Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
-                    Strategy::Windows { window, in_flight } => {
-                        Some(WindowSrc::Register { window: window as u64, in_flight })
-                    }
-                    Strategy::Hybrid { window, .. } => {
-                        Some(WindowSrc::Register { window: window as u64, in_flight: HYBRID_IN_FLIGHT })
-                    }
-                    _ => None,
-                };
-                if let Some(src) = windows {
-                    let (ctx, claims, sink, tx) = (&ctx, &claims, &sink, tx.clone());
-                    handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
-                }
-                let ring_threads = match strategy {
-                    Strategy::Ring { slot, threads, .. } => Some((threads, slot as u64, false)),
-                    Strategy::Hybrid { slot, threads, .. } => Some((threads, slot as u64, true)),
-                    Strategy::Direct { slot, threads, .. } => Some((threads, slot as u64, false)),
-                    _ => None,
-                };
-                if let (Some((threads, slot, from_back)), Some(ring)) = (ring_threads, ring.as_ref()) {
-                    let fill = match &direct_file {
-                        Some(f) => Fill::Direct(f),
-                        None => Fill::Read,
-                    };
-                    for _ in 0..threads {
-                        let (ctx, claims, sink, tx) = (&ctx, &claims, &sink, tx.clone());
-                        handles.push(s.spawn(move || {
-                            ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, sink, &tx));
-                        }));
-                    }
-                }
-                drop(tx);
-                for msg in rx.iter() {
-                    if let Err(e) = on_msg(msg) {
-                        ctx.fail(e);
-                        break;
-                    }
-                }
-                drop(rx); // senders blocked on a full channel now fail and stop
-                for h in handles {
-                    if let Err(p) = h.join() {
-                        ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) });
-                    }
-                }
-            });
-        }
-
-        // Every agent is done: wait for what is still in flight.
-        if let Some(r) = &ring {
-            match r.drain() {
-                Ok(n) => ctx.progress(n),
-                Err(e) => ctx.fail(e),
-            }
-        }
-        for (stream, ev) in self.streams.iter().zip(&self.done_events) {
-            // Waits on an event (sleeping, not spinning); if that fails, the
-            // stream itself is synchronized so nothing stays in flight, and the
-            // first error is still reported.
-            if let Err(e) = stream.record(ev).and_then(|()| wait_tail(ev, TAIL_SPIN)) {
-                ctx.fail(e.into());
-                if let Err(e) = stream.synchronize() {
-                    ctx.fail(e.into());
-                }
-            }
-        }
         let seconds = t0.elapsed().as_secs_f64();
         let cpu_seconds = (process_cpu_seconds() - cpu0).max(0.0);
         if let Some(e) = lock(&ctx.error).take() {
@@ -257,6 +155,177 @@ impl Streamer {
         };
         Ok((report, sink))
     }
+
+    /// Makes ready what `strategy` pins (once [`Streamer::check_fits`] passed):
+    /// gives back the streamer's registrations that would overlap this pass's
+    /// windows, then makes (or reuses) the whole-file registration or the ring,
+    /// opens the `O_DIRECT` descriptor, or makes room for the windows.
+    fn prepare(
+        &self,
+        st: &mut State,
+        file: &Arc<MappedFile>,
+        range: &Range<u64>,
+        strategy: Strategy,
+        registrations: &AtomicU64,
+    ) -> Result<Prepared> {
+        let budget = &self.config.budget;
+        if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
+            drop_overlapping(st, file, range);
+        }
+        let mut held = Prepared { whole: None, direct: None, ring: None };
+        match strategy {
+            Strategy::Auto => return Err(Error::invalid("Streamer", "Auto was not resolved")),
+            Strategy::WholeFile => held.whole = Some(self.whole(st, file, range, registrations)?),
+            Strategy::Windows { .. } => {
+                let need = strategy.pinned_bytes(range.end - range.start).unwrap_or(0);
+                self.make_room(st, need, false, None);
+                check_budget(budget, need)?;
+            }
+            Strategy::Ring { slots, slot, .. } => held.ring = Some(self.ring_for(st, slots, slot)?),
+            Strategy::Hybrid { window, slot, threads } => {
+                let r = self.ring_for(st, threads * HYBRID_SLOTS_PER_THREAD, slot)?;
+                let w = align_up(window as u64, page_size()) * HYBRID_IN_FLIGHT as u64;
+                self.make_room(st, w, true, None);
+                check_budget(budget, w)?;
+                held.ring = Some(r);
+            }
+            Strategy::Direct { slots, slot, .. } => {
+                held.direct = Some(file.open_direct()?);
+                let r = self.ring_for(st, slots, slot)?;
+                held.ring = Some(r);
+            }
+        }
+        Ok(held)
+    }
+
+    /// The context of a transfer of `len` bytes of `file`.
+    fn ctx<'a>(&'a self, file: &'a Arc<MappedFile>, len: u64, registrations: AtomicU64) -> Ctx<'a> {
+        Ctx {
+            window_events: &self.window_events,
+            file,
+            streams: &self.streams,
+            opts: self.opts(),
+            portable: self.portable,
+            device0: self.devices[0],
+            budget: &self.config.budget,
+            abort: AtomicBool::new(false),
+            error: Mutex::new(None),
+            registrations,
+            done: AtomicU64::new(0),
+            total: len,
+            progress: self.config.progress.as_deref(),
+            streamer: self.id(),
+        }
+    }
+
+    /// Every agent is done: waits for what is still in flight, the ring's
+    /// slots and then each stream, and tells `ctx` of any failure.
+    fn drain(&self, ctx: &Ctx<'_>, ring: Option<&PinnedRing>) {
+        if let Some(r) = ring {
+            match r.drain() {
+                Ok(n) => ctx.progress(n),
+                Err(e) => ctx.fail(e),
+            }
+        }
+        for (stream, ev) in self.streams.iter().zip(&self.done_events) {
+            // Waits on an event (sleeping, not spinning); if that fails, the
+            // stream itself is synchronized so nothing stays in flight, and the
+            // first error is still reported.
+            if let Err(e) = stream.record(ev).and_then(|()| wait_tail(ev, TAIL_SPIN)) {
+                ctx.fail(e.into());
+                if let Err(e) = stream.synchronize() {
+                    ctx.fail(e.into());
+                }
+            }
+        }
+    }
+}
+
+/// The agents `strategy` runs, over what [`Streamer::prepare`] made ready.
+fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prepared) -> Agents<'a> {
+    let windows = match strategy {
+        Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
+        Strategy::Windows { window, in_flight } => Some(WindowSrc::Register { window: window as u64, in_flight }),
+        Strategy::Hybrid { window, .. } => {
+            Some(WindowSrc::Register { window: window as u64, in_flight: HYBRID_IN_FLIGHT })
+        }
+        _ => None,
+    };
+    let ring_threads = match strategy {
+        Strategy::Ring { slot, threads, .. } => Some((threads, slot as u64, false)),
+        Strategy::Hybrid { slot, threads, .. } => Some((threads, slot as u64, true)),
+        Strategy::Direct { slot, threads, .. } => Some((threads, slot as u64, false)),
+        _ => None,
+    };
+    let ring = match (ring_threads, held.ring.as_ref()) {
+        (Some((threads, slot, from_back)), Some(ring)) => {
+            let fill = match &held.direct {
+                Some(f) => Fill::Direct(f),
+                None => Fill::Read,
+            };
+            Some(RingAgents { ring, fill, slot, threads, from_back })
+        }
+        _ => None,
+    };
+    Agents { windows, ring }
+}
+
+/// The messages an agent may have sent and the calling thread not yet taken.
+fn channel<M>(ctx: &Ctx<'_>) -> (SyncSender<M>, Receiver<M>) {
+    sync_channel(2 * ctx.streams.len() + 2)
+}
+
+/// Runs one window agent on the calling thread: a lone agent with a SILENT
+/// sink, which sends no message.
+fn run_inline<S: Sink>(ctx: &Ctx<'_>, claims: &Claims, sink: &Mutex<S>, src: WindowSrc<'_>) {
+    // Nobody reads the channel: a SILENT sink never sends on it.
+    let (tx, _rx) = channel::<S::Msg>(ctx);
+    let agent = std::panic::AssertUnwindSafe(|| window_agent(ctx, claims, src, sink, &tx));
+    match std::panic::catch_unwind(agent) {
+        Ok(r) => ctx.outcome(r),
+        // A panic in the agent itself, reported as an agent thread's.
+        Err(p) => ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) }),
+    }
+}
+
+/// Runs the agents on threads of their own while the calling thread hands
+/// their messages to `on_msg`, and returns once every agent has ended.
+fn run_threads<S: Sink>(
+    ctx: &Ctx<'_>,
+    claims: &Claims,
+    sink: &Mutex<S>,
+    agents: Agents<'_>,
+    mut on_msg: impl FnMut(S::Msg) -> Result<()>,
+) {
+    std::thread::scope(|s| {
+        let (tx, rx) = channel::<S::Msg>(ctx);
+        let mut handles = Vec::new();
+        if let Some(src) = agents.windows {
+            let tx = tx.clone();
+            handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
+        }
+        if let Some(RingAgents { ring, fill, slot, threads, from_back }) = agents.ring {
+            for _ in 0..threads {
+                let tx = tx.clone();
+                handles.push(s.spawn(move || {
+                    ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, sink, &tx));
+                }));
+            }
+        }
+        drop(tx);
+        for msg in rx.iter() {
+            if let Err(e) = on_msg(msg) {
+                ctx.fail(e);
+                break;
+            }
+        }
+        drop(rx); // senders blocked on a full channel now fail and stop
+        for h in handles {
+            if let Err(p) = h.join() {
+                ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) });
+            }
+        }
+    });
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

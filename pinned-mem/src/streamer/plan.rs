@@ -69,6 +69,33 @@ impl Streamer {
             limit: self.config.budget.limit(),
         })
     }
+
+    /// Refuses at once (allocating nothing) a strategy whose pins cannot fit
+    /// in the budget even after giving back what the streamer keeps, unless
+    /// the streamer holds them already (the cached registration of the range,
+    /// or a ring of the strategy's shape).
+    pub(super) fn check_fits(
+        &self,
+        st: &State,
+        file: &Arc<MappedFile>,
+        range: &Range<u64>,
+        strategy: Strategy,
+    ) -> Result<()> {
+        let budget = &self.config.budget;
+        let need = strategy.pinned_bytes(range.end - range.start).unwrap_or(0);
+        let held = match (strategy, &st.ring) {
+            (Strategy::WholeFile, _) => cached(st, file, range, self.portable).is_some(),
+            (Strategy::Ring { slots, slot, .. } | Strategy::Direct { slots, slot, .. }, Some(r)) => {
+                r.slots() == slots && r.slot_bytes() == slot
+            }
+            _ => false,
+        };
+        let usable = budget.available().saturating_add(kept(st));
+        if !held && need > usable {
+            return Err(Error::BudgetExceeded { requested: need, available: usable, limit: budget.limit() });
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn check_range(file: &MappedFile, range: &Range<u64>) -> Result<u64> {
