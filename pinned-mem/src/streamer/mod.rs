@@ -22,6 +22,20 @@
 //! strategy's count, and then unregisters the whole batch at once (one drain
 //! per batch, not per window); in the hybrid, ring copies keep the copy engine
 //! busy meanwhile.
+//!
+//! # Where things are
+//!
+//! * here: [`Streamer`], its constructor, accessors and transfers;
+//! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`];
+//! * `enter.rs`: one call at a time, none from inside the streamer's callbacks;
+//! * `plan.rs`: the strategy a transfer uses, and the range and budget checks;
+//! * `cache.rs`: what the streamer keeps between calls (registrations, ring);
+//! * `pipeline.rs`: the run every transfer shares (prepare, the agents, drain,
+//!   report), what the agents share (`Ctx`) and the claims they take (`Claims`);
+//! * the agents and what each strategy adds: `windows.rs` (the window agent:
+//!   windows, hybrid, whole file), `whole.rs` (the kept whole-file
+//!   registration), `ring.rs` (the ring and its agents: ring, hybrid, direct),
+//!   `direct.rs` (`O_DIRECT` reads).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -53,12 +67,14 @@ use plan::check_range;
 pub use config::{Progress, StreamConfig};
 pub use report::Report;
 
+/// Locks `m`, also when a panic poisoned it.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The pinned bounce buffer of verification.
 const VERIFY_BOUNCE: u64 = 1 << 20;
+
 /// Moves byte ranges of mapped files to device memory on one or more GPUs,
 /// choosing (or being told) a strategy from the pin budget and the file.
 ///

@@ -28,39 +28,6 @@ use crate::sink::Sink;
 use crate::strategy::{HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
 use crate::util::{align_up, page_size, process_cpu_seconds};
 
-/// How long the tail of a pass polls its last event before sleeping on it: a
-/// blocking-sync event wakes its waiter late, a fixed cost on every pass.
-const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
-
-/// The last piece of a pass is polled for as long as it takes to copy at this
-/// rate (a low one: a slower copy outlasts the polling and is slept on).
-const TAIL_POLL_RATE: f64 = 20e9;
-/// The longest the last piece is polled for.
-const TAIL_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// How long to poll for the last `bytes` of a pass: [`TAIL_SPIN`] plus their
-/// copy time at [`TAIL_POLL_RATE`], at most [`TAIL_SPIN_MAX`]. Polling one
-/// core for the last piece (about 1 ms of CPU for 64 MiB, once per pass) buys
-/// the pass the sleeping wake-up's latency, a fixed cost that shows most on
-/// passes over a kept registration.
-pub(super) fn tail_spin(bytes: u64) -> std::time::Duration {
-    let copy = std::time::Duration::from_secs_f64(bytes as f64 / TAIL_POLL_RATE);
-    (TAIL_SPIN + copy).min(TAIL_SPIN_MAX)
-}
-
-/// Waits for `ev`, polling it for `spin` before sleeping on it. Used only for
-/// the last waits of a pass, where nothing else hides the wake-up.
-pub(super) fn wait_tail(ev: &Event, spin: std::time::Duration) -> wirespeed_cuda::Result<()> {
-    let t = Instant::now();
-    while t.elapsed() < spin {
-        if ev.query()? {
-            return ev.synchronize(); // at once; it also notes the streams' progress
-        }
-        std::hint::spin_loop();
-    }
-    ev.synchronize()
-}
-
 /// What a strategy holds for one transfer, made ready before any copy.
 struct Prepared {
     /// Where the cached whole-file registration is in the streamer's cache.
@@ -425,6 +392,39 @@ impl Claims {
         c.end = start;
         Some(r)
     }
+}
+
+/// How long the tail of a pass polls its last event before sleeping on it: a
+/// blocking-sync event wakes its waiter late, a fixed cost on every pass.
+const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
+
+/// The last piece of a pass is polled for as long as it takes to copy at this
+/// rate (a low one: a slower copy outlasts the polling and is slept on).
+const TAIL_POLL_RATE: f64 = 20e9;
+/// The longest the last piece is polled for.
+const TAIL_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long to poll for the last `bytes` of a pass: [`TAIL_SPIN`] plus their
+/// copy time at [`TAIL_POLL_RATE`], at most [`TAIL_SPIN_MAX`]. Polling one
+/// core for the last piece (about 1 ms of CPU for 64 MiB, once per pass) buys
+/// the pass the sleeping wake-up's latency, a fixed cost that shows most on
+/// passes over a kept registration.
+pub(super) fn tail_spin(bytes: u64) -> std::time::Duration {
+    let copy = std::time::Duration::from_secs_f64(bytes as f64 / TAIL_POLL_RATE);
+    (TAIL_SPIN + copy).min(TAIL_SPIN_MAX)
+}
+
+/// Waits for `ev`, polling it for `spin` before sleeping on it. Used only for
+/// the last waits of a pass, where nothing else hides the wake-up.
+pub(super) fn wait_tail(ev: &Event, spin: std::time::Duration) -> wirespeed_cuda::Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < spin {
+        if ev.query()? {
+            return ev.synchronize(); // at once; it also notes the streams' progress
+        }
+        std::hint::spin_loop();
+    }
+    ev.synchronize()
 }
 
 #[cfg(test)]
