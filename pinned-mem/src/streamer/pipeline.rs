@@ -237,7 +237,7 @@ fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prep
     Agents { windows, ring }
 }
 
-/// The messages an agent may have sent and the calling thread not yet taken.
+/// The channel on which the agents send their messages to the calling thread.
 fn channel<M>(ctx: &Ctx<'_>) -> (SyncSender<M>, Receiver<M>) {
     sync_channel(2 * ctx.streams.len() + 2)
 }

@@ -16,6 +16,9 @@ use crate::ring::PinnedRing;
 use crate::sink::{Sink, mask_streams};
 
 impl Streamer {
+    /// The streamer's ring of `slots` slots of `slot` bytes: the one it keeps
+    /// if it has that shape, else a new one (the old one given back first,
+    /// then cached registrations as the budget needs), kept in its place.
     pub(super) fn ring_for(&self, st: &mut State, slots: usize, slot: usize) -> Result<PinnedRing> {
         if let Some(r) = &st.ring
             && r.slots() == slots
@@ -31,6 +34,7 @@ impl Streamer {
     }
 }
 
+/// How a ring agent fills a slot.
 #[derive(Clone, Copy)]
 pub(super) enum Fill<'a> {
     /// `pread` from the mapped file's descriptor (page cache).

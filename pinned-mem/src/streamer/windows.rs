@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::range::PinnedRange;
 use crate::sink::{RangePart, Sink};
 
+/// Where the window agent's pinned bytes come from.
 #[derive(Clone, Copy)]
 pub(super) enum WindowSrc<'a> {
     /// Register each window, `in_flight` at once.
