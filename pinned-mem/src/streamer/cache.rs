@@ -6,7 +6,6 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::Streamer;
-use crate::error::Result;
 use crate::mapping::MappedFile;
 use crate::range::PinnedRange;
 use crate::ring::PinnedRing;
@@ -20,47 +19,6 @@ pub(super) struct State {
 }
 
 impl Streamer {
-    /// Bytes of registrations and ring the streamer keeps between calls.
-    ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// assert_eq!(s.kept_pinned_bytes(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
-    /// ```
-    pub fn kept_pinned_bytes(&self) -> u64 {
-        match self.state.try_lock() {
-            Ok(st) => kept(&st),
-            Err(_) => 0,
-        }
-    }
-
-    /// Drops the cached registrations and the ring (unregistering and freeing
-    /// them, returning their bytes to the budget).
-    ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// s.release_pins()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// `cudaHostUnregister`'s error (the first one; the rest are still released),
-    /// or [`Error::InvalidArgument`](crate::Error::InvalidArgument) from inside a
-    /// callback of this streamer.
-    pub fn release_pins(&self) -> Result<()> {
-        let (_owner, mut st) = self.enter("Streamer::release_pins")?;
-        st.ring = None;
-        let mut first = Ok(());
-        for r in std::mem::take(&mut st.cache) {
-            if let Err(e) = r.release() {
-                first = first.and(Err(e));
-            }
-        }
-        first
-    }
-
     /// Gives back cached registrations (least recently used first) and then
     /// the ring until `need` bytes are available, keeping what is asked.
     pub(super) fn make_room(&self, st: &mut State, need: u64, keep_ring: bool, keep_cache: Option<usize>) {

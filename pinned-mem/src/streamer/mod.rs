@@ -25,7 +25,9 @@
 //!
 //! # Where things are
 //!
-//! * here: [`Streamer`], its constructor, accessors and transfers;
+//! * here: [`Streamer`] and its whole public API (constructor, accessors,
+//!   [`Streamer::resolve`], [`Streamer::release_pins`], the transfers), so
+//!   that its documentation reads in one order;
 //! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`];
 //! * `enter.rs`: one call at a time, none from inside the streamer's callbacks;
 //! * `plan.rs`: the strategy a transfer uses, and the range and budget checks;
@@ -48,7 +50,8 @@ use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 use crate::range::PinOptions;
 use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, ScratchSink, Verifier};
-use crate::util::{align_up, page_size};
+use crate::strategy::{Strategy, plan};
+use crate::util::{align_up, cpus, page_size};
 
 mod cache;
 mod config;
@@ -61,7 +64,7 @@ mod ring;
 mod whole;
 mod windows;
 
-use cache::State;
+use cache::{State, kept};
 use plan::check_range;
 
 pub use config::{Progress, StreamConfig};
@@ -190,6 +193,69 @@ impl Streamer {
     /// ```
     pub fn config(&self) -> &StreamConfig {
         &self.config
+    }
+
+    /// Bytes of registrations and ring the streamer keeps between calls.
+    ///
+    /// ```no_run
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// assert_eq!(s.kept_pinned_bytes(), 0);
+    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    pub fn kept_pinned_bytes(&self) -> u64 {
+        match self.state.try_lock() {
+            Ok(st) => kept(&st),
+            Err(_) => 0,
+        }
+    }
+
+    /// Drops the cached registrations and the ring (unregistering and freeing
+    /// them, returning their bytes to the budget).
+    ///
+    /// ```no_run
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// s.release_pins()?;
+    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `cudaHostUnregister`'s error (the first one; the rest are still released),
+    /// or [`Error::InvalidArgument`] from inside a callback of this streamer.
+    pub fn release_pins(&self) -> Result<()> {
+        let (_owner, mut st) = self.enter("Streamer::release_pins")?;
+        st.ring = None;
+        let mut first = Ok(());
+        for r in std::mem::take(&mut st.cache) {
+            if let Err(e) = r.release() {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// What [`Strategy::Auto`] picks for `file_len` bytes of a page-cached file
+    /// with the budget as it is now (the configured strategy, when not `Auto`).
+    /// When nothing fits it answers the smallest ring, which then fails with
+    /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
+    /// range larger than the budget gets [`Strategy::Direct`].
+    ///
+    /// ```no_run
+    /// # use wirespeed_pinned::*;
+    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
+    /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
+    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    pub fn resolve(&self, file_len: u64) -> Strategy {
+        let strategy = self.config.strategy.normalized().unwrap_or(self.config.strategy);
+        if strategy != Strategy::Auto {
+            return strategy;
+        }
+        let kept = self.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
+        let avail = self.usable(kept);
+        plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
     }
 
     /// Moves file bytes `range` to `dst` (of the range's length) on its device.

@@ -1,6 +1,7 @@
 //! Choosing the strategy: what [`Strategy::Auto`] resolves to for a range of
 //! a file with the budget as it is, and the checks of a range and of the
-//! budget before anything is pinned.
+//! budget before anything is pinned ([`Streamer::resolve`], the public
+//! answer for a page-cached file, is in `mod.rs` with the rest of the API).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -14,29 +15,6 @@ use crate::strategy::{Strategy, plan};
 use crate::util::cpus;
 
 impl Streamer {
-    /// What [`Strategy::Auto`] picks for `file_len` bytes of a page-cached file
-    /// with the budget as it is now (the configured strategy, when not `Auto`).
-    /// When nothing fits it answers the smallest ring, which then fails with
-    /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
-    /// range larger than the budget gets [`Strategy::Direct`].
-    ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
-    /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
-    /// # Ok::<(), wirespeed_pinned::Error>(())
-    /// ```
-    pub fn resolve(&self, file_len: u64) -> Strategy {
-        let strategy = self.config.strategy.normalized().unwrap_or(self.config.strategy);
-        if strategy != Strategy::Auto {
-            return strategy;
-        }
-        let kept = self.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
-        let avail = self.usable(kept);
-        plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
-    }
-
     /// Pinned bytes a plan may use: what the budget has left plus what the
     /// streamer keeps (it would give those back), within the mlock headroom.
     pub(super) fn usable(&self, kept: u64) -> u64 {
