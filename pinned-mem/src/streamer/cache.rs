@@ -1,0 +1,69 @@
+//! What the streamer keeps between calls: its whole-file registrations (least
+//! recently used first) and its ring, how much they pin, finding and dropping
+//! cached registrations, and giving them back to make room in the budget.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::Streamer;
+use crate::mapping::MappedFile;
+use crate::range::PinnedRange;
+use crate::ring::PinnedRing;
+use crate::util::{align_down, align_up, page_size};
+
+#[derive(Default)]
+pub(super) struct State {
+    /// Whole-file registrations, least recently used first.
+    pub(super) cache: Vec<PinnedRange>,
+    pub(super) ring: Option<PinnedRing>,
+}
+
+impl Streamer {
+    /// Gives back cached registrations (least recently used first) and then
+    /// the ring until `need` bytes are available, keeping what is asked.
+    pub(super) fn make_room(&self, st: &mut State, need: u64, keep_ring: bool, keep_cache: Option<usize>) {
+        let budget = &self.config.budget;
+        let mut i = 0;
+        while budget.available() < need && i < st.cache.len() {
+            if Some(i) == keep_cache {
+                i += 1;
+                continue;
+            }
+            drop(st.cache.remove(i));
+        }
+        if budget.available() < need && !keep_ring {
+            st.ring = None;
+        }
+    }
+}
+
+pub(super) fn kept(st: &State) -> u64 {
+    let cache: u64 =
+        st.cache.iter().filter(|r| r.sharers() == 1).map(|r| r.pinned_pages().end - r.pinned_pages().start).sum();
+    cache + st.ring.as_ref().map_or(0, |r| r.slots() as u64 * r.slot_bytes() as u64)
+}
+
+/// Gives back the streamer's own cached registrations of `file` that share
+/// pages with `range` without containing it: this pass's registrations of
+/// those pages would otherwise fail with `Overlap` (a registration cannot grow
+/// or be registered twice). Ones a caller also holds stay (the pass then
+/// reports the `Overlap`).
+pub(super) fn drop_overlapping(st: &mut State, file: &Arc<MappedFile>, range: &Range<u64>) {
+    let page = page_size();
+    let pages = align_down(range.start, page)..align_up(range.end, page);
+    st.cache.retain(|c| {
+        let p = c.pinned_pages();
+        let overlaps = p.start < pages.end && pages.start < p.end;
+        let contains = c.range().start <= range.start && range.end <= c.range().end;
+        !(Arc::ptr_eq(c.file(), file) && overlaps && !contains && c.sharers() == 1)
+    });
+}
+
+pub(super) fn cached(st: &State, file: &Arc<MappedFile>, range: &Range<u64>, portable: bool) -> Option<usize> {
+    st.cache.iter().position(|c| {
+        Arc::ptr_eq(c.file(), file)
+            && c.range().start <= range.start
+            && range.end <= c.range().end
+            && (c.is_portable() || !portable)
+    })
+}

@@ -1,0 +1,64 @@
+//! How a [`Streamer`](super::Streamer) is configured: [`StreamConfig`] and its
+//! [`Progress`] callback.
+
+use std::sync::Arc;
+
+use crate::budget::PinBudget;
+use crate::strategy::Strategy;
+
+/// A progress callback: `(bytes done, bytes in all)`, called from worker
+/// threads or the calling thread (whole-file passes run on it).
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// How a [`Streamer`](super::Streamer) works.
+///
+/// ```
+/// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
+/// let mut cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30));
+/// cfg.verify = true;
+/// cfg.progress = Some(std::sync::Arc::new(|done, total| eprintln!("{done}/{total}")));
+/// ```
+#[derive(Clone)]
+pub struct StreamConfig {
+    /// The strategy, or [`Strategy::Auto`].
+    pub strategy: Strategy,
+    /// What every registration, window, slot and bounce buffer draws from.
+    pub budget: PinBudget,
+    /// `mlock` registered windows too (see
+    /// [`PinOptions::mlock`](crate::PinOptions::mlock)); with `Auto`, windows
+    /// are also kept within the `RLIMIT_MEMLOCK` headroom.
+    pub mlock: bool,
+    /// Copy the data back and compare it with the file
+    /// ([`Report::verified`](super::Report::verified)).
+    pub verify: bool,
+    /// Called as copies complete, with `(bytes done, bytes in all)`, from worker
+    /// threads or the calling thread. It must be quick. Calling back into the
+    /// same streamer from it fails with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument); a panic in it
+    /// ends the transfer with [`Error::WorkerPanicked`](crate::Error::WorkerPanicked).
+    pub progress: Option<Progress>,
+}
+
+impl std::fmt::Debug for StreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamConfig")
+            .field("strategy", &self.strategy)
+            .field("budget", &self.budget)
+            .field("mlock", &self.mlock)
+            .field("verify", &self.verify)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl StreamConfig {
+    /// `strategy` and `budget`, no mlock, no verification, no progress.
+    ///
+    /// ```
+    /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::WholeFile, wirespeed_pinned::PinBudget::unlimited());
+    /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none());
+    /// ```
+    pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
+        StreamConfig { strategy, budget, mlock: false, verify: false, progress: None }
+    }
+}

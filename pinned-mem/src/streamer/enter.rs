@@ -1,0 +1,49 @@
+//! One call at a time: [`Streamer::enter`] takes the streamer for a call and
+//! refuses one made from inside the streamer's own callbacks (it would wait
+//! for itself).
+
+use std::cell::RefCell;
+use std::sync::{Mutex, MutexGuard};
+use std::thread::ThreadId;
+
+use super::cache::State;
+use super::{Streamer, lock};
+use crate::error::{Error, Result};
+
+thread_local! {
+    /// The streamers whose progress callbacks this thread is inside, innermost
+    /// last (a callback may run another streamer, whose callback runs here too).
+    pub(super) static IN_CALLBACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Clears the owner mark when a call ends, however it ends.
+pub(super) struct Owner<'a>(&'a Mutex<Option<ThreadId>>, ThreadId);
+impl Drop for Owner<'_> {
+    fn drop(&mut self) {
+        let mut o = lock(self.0);
+        if *o == Some(self.1) {
+            *o = None;
+        }
+    }
+}
+
+impl Streamer {
+    /// Takes the streamer for one call. A call from inside one of its own
+    /// callbacks is refused (it would wait for itself): on the calling thread
+    /// (chunk callbacks, the progress callback of an inline pass) the owner
+    /// says so, on an agent thread the progress callback's mark does.
+    pub(super) fn enter(&self, what: &'static str) -> Result<(Owner<'_>, MutexGuard<'_, State>)> {
+        let me = std::thread::current().id();
+        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(|c| c.borrow().contains(&self.id())) {
+            return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
+        }
+        let st = lock(&self.state);
+        *lock(&self.owner) = Some(me);
+        Ok((Owner(&self.owner, me), st))
+    }
+
+    /// This streamer's identity for [`IN_CALLBACK`] (its address; never 0).
+    pub(super) fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+}

@@ -1,0 +1,465 @@
+//! The run every transfer shares: plan, prepare what the strategy pins, run
+//! its agents (on threads, or a lone whole-file pass on the calling thread),
+//! wait for what is still in flight, and report. What the agents share: the
+//! context ([`Ctx`]: first failure, abort, progress) and the cursor pair they
+//! claim parts of the range from ([`Claims`]).
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use wirespeed_cuda::{Device, Event, Stream};
+
+use super::cache::{State, drop_overlapping};
+use super::enter::IN_CALLBACK;
+use super::plan::check_budget;
+use super::ring::{Fill, ring_agent};
+use super::windows::{WindowSrc, window_agent};
+use super::{Report, Streamer, lock};
+use crate::budget::PinBudget;
+use crate::error::{Error, Result};
+use crate::mapping::MappedFile;
+use crate::range::{PinOptions, PinnedRange};
+use crate::ring::PinnedRing;
+use crate::sink::Sink;
+use crate::strategy::{HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
+use crate::util::{align_up, page_size, process_cpu_seconds};
+
+/// What a strategy holds for one transfer, made ready before any copy.
+struct Prepared {
+    /// Where the cached whole-file registration is in the streamer's cache.
+    whole: Option<usize>,
+    /// The `O_DIRECT` descriptor (direct).
+    direct: Option<File>,
+    /// The streamer's ring (ring, hybrid, direct).
+    ring: Option<PinnedRing>,
+}
+
+/// The agents a strategy runs: at most one window agent, and ring agents.
+struct Agents<'a> {
+    windows: Option<WindowSrc<'a>>,
+    ring: Option<RingAgents<'a>>,
+}
+
+/// The ring agents of a transfer: `threads` of them over `ring`, claiming
+/// `slot`-sized parts from the front, or from the back (hybrid).
+#[derive(Clone, Copy)]
+struct RingAgents<'a> {
+    ring: &'a PinnedRing,
+    fill: Fill<'a>,
+    slot: u64,
+    threads: usize,
+    from_back: bool,
+}
+
+impl Streamer {
+    /// The transfer itself: plan, prepare, run the agents, drain, report.
+    pub(super) fn run<S: Sink>(
+        &self,
+        st: &mut State,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        sink: S,
+        on_msg: impl FnMut(S::Msg) -> Result<()>,
+    ) -> Result<(Report, S)> {
+        let len = range.end - range.start;
+        // An empty range moves nothing: no plan (which could refuse the budget).
+        let strategy = if len == 0 { self.config.strategy.normalized()? } else { self.pick(st, file, &range)? };
+        let watch = self.config.budget.watch();
+        let (t0, cpu0) = (Instant::now(), process_cpu_seconds());
+        let registrations = AtomicU64::new(0);
+        if len == 0 {
+            let report = Report {
+                strategy,
+                bytes: 0,
+                seconds: 0.0,
+                cpu_seconds: 0.0,
+                peak_pinned: watch.peak(),
+                registrations: 0,
+                verified: sink.verified(),
+            };
+            return Ok((report, sink));
+        }
+
+        // Prepare what the strategy pins, within the budget, before any copy.
+        self.check_fits(st, file, &range, strategy)?;
+        let held = self.prepare(st, file, &range, strategy, &registrations)?;
+        let whole = held.whole.and_then(|i| st.cache.get(i));
+
+        let ctx = self.ctx(file, len, registrations);
+        let claims = Claims::new(range.clone());
+        let sink = Mutex::new(sink);
+        let agents = agents(strategy, whole, &held);
+        match agents.windows {
+            // A whole-file pass (from the registration the streamer keeps, made
+            // above if it was missing) to devices needs one agent and no
+            // messages: it runs on this thread. A thread's start and its join
+            // would otherwise be a fixed cost of every such pass.
+            Some(src) if S::SILENT && matches!(strategy, Strategy::WholeFile) => {
+                run_inline(&ctx, &claims, &sink, src);
+            }
+            _ => run_threads(&ctx, &claims, &sink, agents, on_msg),
+        }
+        self.drain(&ctx, held.ring.as_ref());
+
+        let seconds = t0.elapsed().as_secs_f64();
+        let cpu_seconds = (process_cpu_seconds() - cpu0).max(0.0);
+        if let Some(e) = lock(&ctx.error).take() {
+            return Err(e);
+        }
+        let sink = sink.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let report = Report {
+            strategy,
+            bytes: len,
+            seconds,
+            cpu_seconds,
+            peak_pinned: watch.peak(),
+            registrations: ctx.registrations.load(Ordering::Relaxed),
+            verified: sink.verified(),
+        };
+        Ok((report, sink))
+    }
+
+    /// Makes ready what `strategy` pins (once [`Streamer::check_fits`] passed):
+    /// gives back the streamer's registrations that would overlap this pass's
+    /// windows, then makes (or reuses) the whole-file registration or the ring,
+    /// opens the `O_DIRECT` descriptor, or makes room for the windows.
+    fn prepare(
+        &self,
+        st: &mut State,
+        file: &Arc<MappedFile>,
+        range: &Range<u64>,
+        strategy: Strategy,
+        registrations: &AtomicU64,
+    ) -> Result<Prepared> {
+        let budget = &self.config.budget;
+        if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
+            drop_overlapping(st, file, range);
+        }
+        let mut held = Prepared { whole: None, direct: None, ring: None };
+        match strategy {
+            Strategy::Auto => return Err(Error::invalid("Streamer", "Auto was not resolved")),
+            Strategy::WholeFile => held.whole = Some(self.whole(st, file, range, registrations)?),
+            Strategy::Windows { .. } => {
+                let need = strategy.pinned_bytes(range.end - range.start).unwrap_or(0);
+                self.make_room(st, need, false, None);
+                check_budget(budget, need)?;
+            }
+            Strategy::Ring { slots, slot, .. } => held.ring = Some(self.ring_for(st, slots, slot)?),
+            Strategy::Hybrid { window, slot, threads } => {
+                let r = self.ring_for(st, threads * HYBRID_SLOTS_PER_THREAD, slot)?;
+                let w = align_up(window as u64, page_size()) * HYBRID_IN_FLIGHT as u64;
+                self.make_room(st, w, true, None);
+                check_budget(budget, w)?;
+                held.ring = Some(r);
+            }
+            Strategy::Direct { slots, slot, .. } => {
+                held.direct = Some(file.open_direct()?);
+                let r = self.ring_for(st, slots, slot)?;
+                held.ring = Some(r);
+            }
+        }
+        Ok(held)
+    }
+
+    /// The context of a transfer of `len` bytes of `file`.
+    fn ctx<'a>(&'a self, file: &'a Arc<MappedFile>, len: u64, registrations: AtomicU64) -> Ctx<'a> {
+        Ctx {
+            window_events: &self.window_events,
+            file,
+            streams: &self.streams,
+            opts: self.opts(),
+            portable: self.portable,
+            device0: self.devices[0],
+            budget: &self.config.budget,
+            abort: AtomicBool::new(false),
+            error: Mutex::new(None),
+            registrations,
+            done: AtomicU64::new(0),
+            total: len,
+            progress: self.config.progress.as_deref(),
+            streamer: self.id(),
+        }
+    }
+
+    /// Every agent is done: waits for what is still in flight, the ring's
+    /// slots and then each stream, and tells `ctx` of any failure.
+    fn drain(&self, ctx: &Ctx<'_>, ring: Option<&PinnedRing>) {
+        if let Some(r) = ring {
+            match r.drain() {
+                Ok(n) => ctx.progress(n),
+                Err(e) => ctx.fail(e),
+            }
+        }
+        for (stream, ev) in self.streams.iter().zip(&self.done_events) {
+            // Waits on an event (sleeping, not spinning); if that fails, the
+            // stream itself is synchronized so nothing stays in flight, and the
+            // first error is still reported.
+            if let Err(e) = stream.record(ev).and_then(|()| wait_tail(ev, TAIL_SPIN)) {
+                ctx.fail(e.into());
+                if let Err(e) = stream.synchronize() {
+                    ctx.fail(e.into());
+                }
+            }
+        }
+    }
+}
+
+/// The agents `strategy` runs, over what [`Streamer::prepare`] made ready.
+fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prepared) -> Agents<'a> {
+    let windows = match strategy {
+        Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
+        Strategy::Windows { window, in_flight } => Some(WindowSrc::Register { window: window as u64, in_flight }),
+        Strategy::Hybrid { window, .. } => {
+            Some(WindowSrc::Register { window: window as u64, in_flight: HYBRID_IN_FLIGHT })
+        }
+        _ => None,
+    };
+    let ring_threads = match strategy {
+        Strategy::Ring { slot, threads, .. } => Some((threads, slot as u64, false)),
+        Strategy::Hybrid { slot, threads, .. } => Some((threads, slot as u64, true)),
+        Strategy::Direct { slot, threads, .. } => Some((threads, slot as u64, false)),
+        _ => None,
+    };
+    let ring = match (ring_threads, held.ring.as_ref()) {
+        (Some((threads, slot, from_back)), Some(ring)) => {
+            let fill = match &held.direct {
+                Some(f) => Fill::Direct(f),
+                None => Fill::Read,
+            };
+            Some(RingAgents { ring, fill, slot, threads, from_back })
+        }
+        _ => None,
+    };
+    Agents { windows, ring }
+}
+
+/// The channel on which the agents send their messages to the calling thread.
+fn channel<M>(ctx: &Ctx<'_>) -> (SyncSender<M>, Receiver<M>) {
+    sync_channel(2 * ctx.streams.len() + 2)
+}
+
+/// Runs one window agent on the calling thread: a lone agent with a SILENT
+/// sink, which sends no message.
+fn run_inline<S: Sink>(ctx: &Ctx<'_>, claims: &Claims, sink: &Mutex<S>, src: WindowSrc<'_>) {
+    // Nobody reads the channel: a SILENT sink never sends on it.
+    let (tx, _rx) = channel::<S::Msg>(ctx);
+    let agent = std::panic::AssertUnwindSafe(|| window_agent(ctx, claims, src, sink, &tx));
+    match std::panic::catch_unwind(agent) {
+        Ok(r) => ctx.outcome(r),
+        // A panic in the agent itself, reported as an agent thread's.
+        Err(p) => ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) }),
+    }
+}
+
+/// Runs the agents on threads of their own while the calling thread hands
+/// their messages to `on_msg`, and returns once every agent has ended.
+fn run_threads<S: Sink>(
+    ctx: &Ctx<'_>,
+    claims: &Claims,
+    sink: &Mutex<S>,
+    agents: Agents<'_>,
+    mut on_msg: impl FnMut(S::Msg) -> Result<()>,
+) {
+    std::thread::scope(|s| {
+        let (tx, rx) = channel::<S::Msg>(ctx);
+        let mut handles = Vec::new();
+        if let Some(src) = agents.windows {
+            let tx = tx.clone();
+            handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
+        }
+        if let Some(RingAgents { ring, fill, slot, threads, from_back }) = agents.ring {
+            for _ in 0..threads {
+                let tx = tx.clone();
+                handles.push(s.spawn(move || {
+                    ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, sink, &tx));
+                }));
+            }
+        }
+        drop(tx);
+        for msg in rx.iter() {
+            if let Err(e) = on_msg(msg) {
+                ctx.fail(e);
+                break;
+            }
+        }
+        drop(rx); // senders blocked on a full channel now fail and stop
+        for h in handles {
+            if let Err(p) = h.join() {
+                ctx.fail(Error::WorkerPanicked { message: panic_message(p.as_ref()) });
+            }
+        }
+    });
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// What the agents of one transfer share.
+pub(super) struct Ctx<'a> {
+    pub(super) file: &'a Arc<MappedFile>,
+    pub(super) streams: &'a [Stream],
+    pub(super) opts: PinOptions,
+    pub(super) portable: bool,
+    pub(super) device0: Device,
+    pub(super) budget: &'a PinBudget,
+    pub(super) abort: AtomicBool,
+    pub(super) error: Mutex<Option<Error>>,
+    pub(super) registrations: AtomicU64,
+    pub(super) done: AtomicU64,
+    pub(super) total: u64,
+    pub(super) progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,
+    pub(super) window_events: &'a Mutex<Vec<Vec<Event>>>,
+    /// [`Streamer::id`] of the streamer running the transfer.
+    pub(super) streamer: usize,
+}
+
+impl Ctx<'_> {
+    /// Records the first error and tells every agent to stop.
+    pub(super) fn fail(&self, e: Error) {
+        lock(&self.error).get_or_insert(e);
+        self.abort.store(true, Ordering::Release);
+    }
+
+    pub(super) fn outcome(&self, r: Result<()>) {
+        if let Err(e) = r {
+            self.fail(e);
+        }
+    }
+
+    pub(super) fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
+    }
+
+    /// Counts `bytes` as landed and calls the progress callback, on whichever
+    /// thread landed them. A panic in the callback is this transfer's error
+    /// ([`Error::WorkerPanicked`]); the callback calling back into this
+    /// streamer gets [`Error::InvalidArgument`] (see [`Streamer::enter`]).
+    pub(super) fn progress(&self, bytes: u64) {
+        if bytes == 0 || self.aborted() {
+            return; // nothing landed, or the transfer has failed: no progress to tell
+        }
+        let done = self.done.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if let Some(p) = self.progress {
+            IN_CALLBACK.with(|c| c.borrow_mut().push(self.streamer));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p(done.min(self.total), self.total)));
+            IN_CALLBACK.with(|c| c.borrow_mut().pop());
+            if let Err(panic) = r {
+                self.fail(Error::WorkerPanicked { message: panic_message(panic.as_ref()) });
+            }
+        }
+    }
+}
+
+/// The part of the range not claimed yet: the window agent takes from the
+/// front, hybrid ring agents from the back. Claims end on multiples of their
+/// size (absolute file offsets), so windows never share a page and direct
+/// reads stay aligned.
+pub(super) struct Claims {
+    cursor: Mutex<Range<u64>>,
+}
+
+impl Claims {
+    pub(super) fn new(range: Range<u64>) -> Claims {
+        Claims { cursor: Mutex::new(range) }
+    }
+
+    pub(super) fn front(&self, size: u64) -> Option<Range<u64>> {
+        let mut c = lock(&self.cursor);
+        if c.start >= c.end {
+            return None;
+        }
+        let end = ((c.start / size).saturating_add(1)).saturating_mul(size).min(c.end);
+        let r = c.start..end;
+        c.start = end;
+        Some(r)
+    }
+
+    pub(super) fn back(&self, size: u64) -> Option<Range<u64>> {
+        let mut c = lock(&self.cursor);
+        if c.start >= c.end {
+            return None;
+        }
+        let start = ((c.end - 1) / size * size).max(c.start);
+        let r = start..c.end;
+        c.end = start;
+        Some(r)
+    }
+}
+
+/// How long the tail of a pass polls its last event before sleeping on it: a
+/// blocking-sync event wakes its waiter late, a fixed cost on every pass.
+const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
+
+/// The last piece of a pass is polled for as long as it takes to copy at this
+/// rate (a low one: a slower copy outlasts the polling and is slept on).
+const TAIL_POLL_RATE: f64 = 20e9;
+/// The longest the last piece is polled for.
+const TAIL_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long to poll for the last `bytes` of a pass: [`TAIL_SPIN`] plus their
+/// copy time at [`TAIL_POLL_RATE`], at most [`TAIL_SPIN_MAX`]. Polling one
+/// core for the last piece (about 1 ms of CPU for 64 MiB, once per pass) buys
+/// the pass the sleeping wake-up's latency, a fixed cost that shows most on
+/// passes over a kept registration.
+pub(super) fn tail_spin(bytes: u64) -> std::time::Duration {
+    let copy = std::time::Duration::from_secs_f64(bytes as f64 / TAIL_POLL_RATE);
+    (TAIL_SPIN + copy).min(TAIL_SPIN_MAX)
+}
+
+/// Waits for `ev`, polling it for `spin` before sleeping on it. Used only for
+/// the last waits of a pass, where nothing else hides the wake-up.
+pub(super) fn wait_tail(ev: &Event, spin: std::time::Duration) -> wirespeed_cuda::Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < spin {
+        if ev.query()? {
+            return ev.synchronize(); // at once; it also notes the streams' progress
+        }
+        std::hint::spin_loop();
+    }
+    ev.synchronize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_meet_in_the_middle_on_boundaries() {
+        let c = Claims::new(100..10_000);
+        assert_eq!(c.front(4096), Some(100..4096));
+        assert_eq!(c.back(1000), Some(9000..10_000));
+        assert_eq!(c.back(1000), Some(8000..9000));
+        assert_eq!(c.front(4096), Some(4096..8000));
+        assert_eq!(c.front(4096), None);
+        assert_eq!(c.back(1000), None);
+    }
+
+    #[test]
+    fn claims_cover_everything_once() {
+        let c = Claims::new(7..1_000_003);
+        let mut parts = Vec::new();
+        let mut flip = false;
+        loop {
+            flip = !flip;
+            let r = if flip { c.front(65536) } else { c.back(10_000) };
+            match r {
+                Some(r) => parts.push(r),
+                None => break,
+            }
+        }
+        parts.sort_by_key(|r| r.start);
+        assert_eq!(parts[0].start, 7);
+        for w in parts.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+        assert_eq!(parts.last().map(|r| r.end), Some(1_000_003));
+    }
+}

@@ -1,0 +1,77 @@
+//! What a transfer did: [`Report`], its rates and its one-line `Display`.
+
+use crate::strategy::Strategy;
+use crate::util::Bytes;
+
+/// What a transfer did.
+///
+/// ```
+/// let r = wirespeed_pinned::Report {
+///     strategy: wirespeed_pinned::Strategy::WholeFile, bytes: 2_000_000_000, seconds: 0.04, cpu_seconds: 0.01,
+///     peak_pinned: 2 << 30, registrations: 0, verified: None,
+/// };
+/// assert!((r.gbps() - 50.0).abs() < 1e-9);
+/// println!("{r}");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// The strategy used (what `Auto` resolved to, sizes rounded).
+    pub strategy: Strategy,
+    /// Bytes moved to devices (the range's length times the number of destinations).
+    pub bytes: u64,
+    /// Wall time of the transfer, up to all copies complete (without verification).
+    pub seconds: f64,
+    /// CPU time of the whole process meanwhile (user + system, all threads).
+    pub cpu_seconds: f64,
+    /// The most bytes pinned through the budget at once during the call
+    /// (including the streamer's cached registrations and ring).
+    pub peak_pinned: u64,
+    /// `cudaHostRegister` calls made (0 on a pass served by a cached registration).
+    pub registrations: u64,
+    /// With [`StreamConfig::verify`](super::StreamConfig::verify): whether the
+    /// device data equals the file.
+    pub verified: Option<bool>,
+}
+
+impl Report {
+    /// Decimal gigabytes per second (`bytes / seconds / 1e9`), as in the H200 facts.
+    ///
+    /// ```
+    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None };
+    /// assert_eq!(r.gbps(), 0.0);
+    /// ```
+    pub fn gbps(&self) -> f64 {
+        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
+    }
+
+    /// CPU seconds per decimal gigabyte moved.
+    ///
+    /// ```
+    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None };
+    /// assert_eq!(r.cpu_per_gb(), 0.5);
+    /// ```
+    pub fn cpu_per_gb(&self) -> f64 {
+        if self.bytes > 0 { self.cpu_seconds / (self.bytes as f64 / 1e9) } else { 0.0 }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} in {:.3} s ({:.2} GB/s), {:.3} CPU s/GB, peak pinned {}, {} registrations",
+            self.strategy,
+            Bytes(self.bytes),
+            self.seconds,
+            self.gbps(),
+            self.cpu_per_gb(),
+            Bytes(self.peak_pinned),
+            self.registrations
+        )?;
+        match self.verified {
+            Some(true) => write!(f, ", verified"),
+            Some(false) => write!(f, ", VERIFICATION FAILED"),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Ring agents: N threads that claim slot-sized parts of the range, `pread`
+//! them into a free slot of the streamer's pinned ring (or read them with
+//! `O_DIRECT`, see [`direct`](super::direct)) and copy the slot. They run the
+//! ring and direct strategies, and the back half of the hybrid.
+
+use std::fs::File;
+use std::sync::Mutex;
+use std::sync::mpsc::SyncSender;
+
+use super::cache::State;
+use super::direct::direct_read;
+use super::pipeline::{Claims, Ctx};
+use super::{Streamer, lock};
+use crate::error::Result;
+use crate::ring::PinnedRing;
+use crate::sink::{Sink, mask_streams};
+
+impl Streamer {
+    /// The streamer's ring of `slots` slots of `slot` bytes: the one it keeps
+    /// if it has that shape, else a new one (the old one given back first,
+    /// then cached registrations as the budget needs), kept in its place.
+    pub(super) fn ring_for(&self, st: &mut State, slots: usize, slot: usize) -> Result<PinnedRing> {
+        if let Some(r) = &st.ring
+            && r.slots() == slots
+            && r.slot_bytes() == slot
+        {
+            return Ok(r.clone());
+        }
+        st.ring = None;
+        self.make_room(st, (slots as u64).saturating_mul(slot as u64), true, None);
+        let ring = PinnedRing::new(slots, slot, &self.config.budget)?;
+        st.ring = Some(ring.clone());
+        Ok(ring)
+    }
+}
+
+/// How a ring agent fills a slot.
+#[derive(Clone, Copy)]
+pub(super) enum Fill<'a> {
+    /// `pread` from the mapped file's descriptor (page cache).
+    Read,
+    /// `pread` from an `O_DIRECT` descriptor into aligned slots.
+    Direct(&'a File),
+}
+
+/// Claims slot-sized parts, reads each into a free ring slot and copies it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn ring_agent<S: Sink>(
+    ctx: &Ctx<'_>,
+    claims: &Claims,
+    ring: &PinnedRing,
+    fill: Fill<'_>,
+    slot_size: u64,
+    from_back: bool,
+    sink: &Mutex<S>,
+    tx: &SyncSender<S::Msg>,
+) -> Result<()> {
+    let mut out = Vec::new();
+    while !ctx.aborted() {
+        let claimed = if from_back { claims.back(slot_size) } else { claims.front(slot_size) };
+        let Some(r) = claimed else { break };
+        let len = (r.end - r.start) as usize;
+        let slot = ring.acquire()?;
+        ctx.progress(slot.completed_bytes());
+        let full = match fill {
+            Fill::Read => slot.read_from(ctx.file, r.start, len)?,
+            Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone())?,
+        };
+        let mask = lock(sink).streams_for(r.start, len as u64);
+        let streams = mask_streams(mask, ctx.streams);
+        let in_flight = full.submit(&streams, |src| lock(sink).put(ctx.streams, src, r.start, len, &mut out))?;
+        drop(in_flight); // back to the ring, free again once its copies completed
+        for m in out.drain(..) {
+            if tx.send(m).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}

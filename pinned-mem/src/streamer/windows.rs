@@ -1,0 +1,270 @@
+//! The window agent: one thread (or the calling thread, for a lone
+//! whole-file pass) that claims windows from the front of the range and makes
+//! them pinned in place, registering each (sliding windows, the hybrid) or
+//! taking a piece of the kept whole-file registration, enqueues their copies,
+//! and retires each once its events completed: register window i+1 while
+//! window i copies.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+
+use wirespeed_cuda::{Event, EventOptions};
+
+use super::lock;
+use super::pipeline::{Claims, Ctx, tail_spin, wait_tail};
+use super::whole::{PIECE, PIECE_IN_FLIGHT};
+use crate::error::{Error, Result};
+use crate::range::PinnedRange;
+use crate::sink::{RangePart, Sink};
+
+/// Where the window agent's pinned bytes come from.
+#[derive(Clone, Copy)]
+pub(super) enum WindowSrc<'a> {
+    /// Register each window, `in_flight` at once.
+    Register { window: u64, in_flight: usize },
+    /// Pieces of a registration made beforehand (cached whole file).
+    Whole { reg: &'a PinnedRange },
+}
+
+impl WindowSrc<'_> {
+    /// Bytes per claim: a window, or a piece of the whole-file registration.
+    fn size(self) -> u64 {
+        match self {
+            WindowSrc::Register { window, .. } => window,
+            WindowSrc::Whole { .. } => PIECE,
+        }
+    }
+
+    /// Windows (or pieces) in flight at once.
+    fn in_flight(self) -> usize {
+        match self {
+            WindowSrc::Register { in_flight, .. } => in_flight.max(1),
+            WindowSrc::Whole { .. } => PIECE_IN_FLIGHT,
+        }
+    }
+}
+
+/// A window whose copies are enqueued.
+struct InFlightWindow {
+    /// Its registration, unregistered when it retires (none for a piece of
+    /// the cached whole-file registration).
+    reg: Option<PinnedRange>,
+    /// The set of events recorded after its copies.
+    set: usize,
+    /// The streams those events were recorded on.
+    mask: u64,
+    /// Bytes that count as progress once its events completed.
+    len: u64,
+}
+
+/// Claims windows from the front, pins them (or takes them from the cached
+/// registration), enqueues their copies, and retires each once its events
+/// completed: register window i+1 while window i copies.
+pub(super) fn window_agent<S: Sink>(
+    ctx: &Ctx<'_>,
+    claims: &Claims,
+    src: WindowSrc<'_>,
+    sink: &Mutex<S>,
+    tx: &SyncSender<S::Msg>,
+) -> Result<()> {
+    let mut queue = Queue::new(ctx, src.in_flight());
+    let result = claim_windows(ctx, claims, src, sink, tx, &mut queue);
+    let res = queue.retire_all(ctx, result);
+    queue.keep_events(ctx);
+    res
+}
+
+/// The agent's loop: claims a window, makes room in the queue, pins the
+/// window, enqueues its copies and records its events, until the range is
+/// claimed, the transfer fails or the caller stops reading messages.
+fn claim_windows<S: Sink>(
+    ctx: &Ctx<'_>,
+    claims: &Claims,
+    src: WindowSrc<'_>,
+    sink: &Mutex<S>,
+    tx: &SyncSender<S::Msg>,
+    queue: &mut Queue,
+) -> Result<()> {
+    let mut out = Vec::new();
+    while !ctx.aborted() {
+        let Some(r) = claims.front(src.size()) else { break };
+        if queue.is_full() {
+            // `cudaHostUnregister` waits for every copy in flight on the
+            // device (measured on the H200), so retiring one window per new
+            // window would drain the queue each time. Registered windows
+            // are retired all at once when they fill the budget: one drain
+            // per batch. Pieces of a cached registration (nothing to
+            // unregister) retire one at a time.
+            let batch = if matches!(src, WindowSrc::Register { .. }) { queue.windows.len() } else { 1 };
+            queue.retire_batch(ctx, batch)?;
+        }
+        let len = r.end - r.start;
+        let own = match src {
+            WindowSrc::Register { .. } => Some(register(ctx, r.clone())?),
+            WindowSrc::Whole { .. } => None,
+        };
+        let part = match (src, &own) {
+            (WindowSrc::Register { .. }, Some(reg)) => RangePart { range: reg, base: 0 },
+            (WindowSrc::Register { .. }, None) => return Err(Error::invalid("window", "no registration")),
+            (WindowSrc::Whole { reg }, _) => RangePart { range: reg, base: (r.start - reg.range().start) as usize },
+        };
+        let put = {
+            let mut s = lock(sink);
+            let mask = s.streams_for(r.start, len);
+            s.put(ctx.streams, &part, r.start, len as usize, &mut out).map(|()| mask)
+        };
+        // An inline agent's channel has no reader (see `run_inline`).
+        debug_assert!(!S::SILENT || out.is_empty(), "a SILENT sink sent a message");
+        let mask = match &put {
+            Ok(m) => *m,
+            Err(_) => u64::MAX >> (64 - ctx.streams.len()), // cover whatever was enqueued
+        };
+        let (set, recorded, rec_err) = queue.record(ctx, mask);
+        // A piece whose copies failed is not progress (its events still cover
+        // whatever was enqueued).
+        let landed = if put.is_ok() { len } else { 0 };
+        queue.windows.push_back(InFlightWindow { reg: own, set, mask: recorded, len: landed });
+        put?;
+        if let Some(e) = rec_err {
+            return Err(e.into());
+        }
+        for m in out.drain(..) {
+            if tx.send(m).is_err() {
+                return Ok(()); // the caller stopped
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Registers window `r` (on the streamer's device unless portable), counting
+/// a fresh registration.
+fn register(ctx: &Ctx<'_>, r: std::ops::Range<u64>) -> Result<PinnedRange> {
+    if !ctx.portable {
+        ctx.device0.make_current()?;
+    }
+    let (reg, fresh) = PinnedRange::create(ctx.file, r, ctx.opts, ctx.budget)?;
+    if fresh {
+        ctx.registrations.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(reg)
+}
+
+/// The windows in flight, oldest first, and the sets of events (one per
+/// stream) recorded after their copies, used round-robin.
+struct Queue {
+    events: Vec<Vec<Option<Event>>>,
+    windows: VecDeque<InFlightWindow>,
+    next_set: usize,
+}
+
+impl Queue {
+    /// Room for `in_flight` windows, with events taken from the streamer's
+    /// pool (missing ones are created when first recorded).
+    fn new(ctx: &Ctx<'_>, in_flight: usize) -> Queue {
+        let events = {
+            let mut pool = lock(ctx.window_events);
+            (0..in_flight)
+                .map(|_| (0..ctx.streams.len()).map(|i| pool.get_mut(i).and_then(Vec::pop)).collect())
+                .collect()
+        };
+        Queue { events, windows: VecDeque::with_capacity(in_flight), next_set: 0 }
+    }
+
+    fn is_full(&self) -> bool {
+        self.windows.len() >= self.events.len()
+    }
+
+    /// Records the next set's events on the streams of `mask`, creating the
+    /// missing ones. Answers the set, the streams recorded on, and the first
+    /// error (the other streams are still recorded).
+    fn record(&mut self, ctx: &Ctx<'_>, mask: u64) -> (usize, u64, Option<wirespeed_cuda::Error>) {
+        let set = self.next_set;
+        self.next_set = (self.next_set + 1) % self.events.len();
+        let mut recorded = 0;
+        let mut rec_err = None;
+        for (i, stream) in ctx.streams.iter().enumerate() {
+            if mask & (1 << i) == 0 {
+                continue;
+            }
+            let slot = &mut self.events[set][i];
+            if slot.is_none() {
+                match Event::new(&stream.device(), EventOptions { timing: false, blocking_sync: true }) {
+                    Ok(e) => *slot = Some(e),
+                    Err(e) => {
+                        rec_err.get_or_insert(e);
+                        continue;
+                    }
+                }
+            }
+            if let Some(ev) = slot {
+                match stream.record(ev) {
+                    Ok(()) => recorded |= 1 << i,
+                    Err(e) => {
+                        rec_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        (set, recorded, rec_err)
+    }
+
+    /// Retires the `n` oldest windows, stopping at the first error.
+    fn retire_batch(&mut self, ctx: &Ctx<'_>, n: usize) -> Result<()> {
+        for _ in 0..n {
+            if let Some(w) = self.windows.pop_front() {
+                retire(ctx, w, &self.events, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Retires every window left, the last one as the tail of the pass:
+    /// `res`, or else the first error.
+    fn retire_all(&mut self, ctx: &Ctx<'_>, res: Result<()>) -> Result<()> {
+        let mut res = res;
+        while let Some(w) = self.windows.pop_front() {
+            let tail = self.windows.is_empty();
+            let r = retire(ctx, w, &self.events, tail);
+            res = res.and(r);
+        }
+        res
+    }
+
+    /// Keeps the events for the next pass (re-recording a pending one is fine).
+    fn keep_events(self, ctx: &Ctx<'_>) {
+        let mut pool = lock(ctx.window_events);
+        for set in self.events {
+            for (i, ev) in set.into_iter().enumerate() {
+                if let (Some(ev), Some(p)) = (ev, pool.get_mut(i)) {
+                    p.push(ev);
+                }
+            }
+        }
+    }
+}
+
+/// Waits for window `w`'s events (polling, for the tail of the pass), counts
+/// its bytes as progress if they landed, and unregisters it, reporting the
+/// first error.
+fn retire(ctx: &Ctx<'_>, w: InFlightWindow, events: &[Vec<Option<Event>>], tail: bool) -> Result<()> {
+    let mut res = Ok(());
+    for (i, ev) in events[w.set].iter().enumerate() {
+        if w.mask & (1 << i) != 0
+            && let Some(ev) = ev
+            && let Err(e) = if tail { wait_tail(ev, tail_spin(w.len)) } else { ev.synchronize() }
+        {
+            res = res.and(Err(e.into()));
+        }
+    }
+    if res.is_ok() {
+        ctx.progress(w.len);
+    }
+    // Unregister now, reporting errors (it waits on the fence if an event failed).
+    if let Some(reg) = w.reg {
+        res = res.and(reg.release());
+    }
+    res
+}
