@@ -91,7 +91,8 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// use wirespeed_cuda::{Device, DeviceBuffer};
 /// # fn main() -> wirespeed_pinned::Result<()> {
 /// let dev = Device::get(0)?;
-/// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+/// // SAFETY: nobody writes or truncates the file while it is mapped.
+/// let file = unsafe { MappedFile::open("/data/train.bin") }?;
 /// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
 /// let mut dst = DeviceBuffer::<u8>::new(&dev, file.len() as usize)?;
 /// let report = streamer.to_device(&file, 0..file.len(), &mut dst)?;
@@ -265,7 +266,8 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
     /// let report = s.to_device(&file, 4096..4096 + (1 << 20), &mut dst)?;
     /// # Ok(()) }
@@ -291,7 +293,8 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// let devices = wirespeed_cuda::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let mut dsts = devices.iter().map(|d| wirespeed_cuda::DeviceBuffer::<u8>::new(d, file.len() as usize)).collect::<Result<Vec<_>, _>>()?;
     /// s.to_devices(&file, 0..file.len(), &mut dsts)?;
     /// # Ok(()) }
@@ -347,7 +350,8 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
-    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?; // 68 GB
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open("/data/train.bin") }?; // 68 GB
     /// let mut scratch = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
     /// println!("{}", s.to_scratch(&file, 0..file.len(), &mut scratch)?);
     /// # Ok(()) }
@@ -390,7 +394,8 @@ impl Streamer {
     /// # fn main() -> Result<()> {
     /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let mut sum = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 64 << 20)?;
     /// s.for_each_chunk(&file, 0..file.len(), 64 << 20, |stream, chunk, offset, len| {
     ///     // e.g. launch a kernel on `stream` reading chunk[..len]

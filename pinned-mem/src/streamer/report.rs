@@ -34,7 +34,7 @@ pub struct Report {
 }
 
 impl Report {
-    /// Decimal gigabytes per second (`bytes / seconds / 1e9`), as in the H200 facts.
+    /// Decimal gigabytes per second (`bytes / seconds / 1e9`).
     ///
     /// ```
     /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None };
