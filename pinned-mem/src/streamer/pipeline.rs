@@ -228,7 +228,7 @@ fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prep
         (Some((threads, slot, from_back)), Some(ring)) => {
             let fill = match &held.direct {
                 Some(f) => Fill::Direct(f),
-                None => Fill::Read,
+                None => Fill::Copy,
             };
             Some(RingAgents { ring, fill, slot, threads, from_back })
         }
