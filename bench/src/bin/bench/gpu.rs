@@ -34,8 +34,7 @@ impl Gpu {
     }
 }
 
-const EMULATOR_REBUILD: &str =
-    "cargo run --release -p wirespeed-pinned --features emulator --bin bench -- --emulated --quick";
+const EMULATOR_REBUILD: &str = "cargo run --release -p wirespeed-bench --features emulator -- --emulated --quick";
 
 #[cfg(feature = "emulator")]
 fn use_emulator() -> Result<Option<String>> {

@@ -1,4 +1,4 @@
-//! Shared by the `soak` and `multi` binaries: the demo file and CPU time.
+//! What the `bench`, `soak` and `multi` binaries share: the demo file and CPU time.
 
 /// Writes `size` bytes of a deterministic xorshift pattern to a new file at `path`.
 pub fn pattern_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
@@ -20,7 +20,6 @@ pub fn pattern_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
 }
 
 /// User plus system CPU seconds of this process so far.
-#[allow(dead_code)] // not every binary that includes this module uses it
 pub fn cpu_seconds() -> f64 {
     use nix::sys::resource::{UsageWho, getrusage};
     getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {

@@ -509,16 +509,14 @@ fn seed_text(out: &mut String, s: &Summary) {
     );
     match s.torch {
         Some(t) => {
-            let _ = writeln!(out, "\nPyTorch's own run of the same (pinned-mem/bench/torch_seed.py):");
+            let _ = writeln!(out, "\nPyTorch's own run of the same (bench/torch_seed.py):");
             for l in t.text.lines() {
                 let _ = writeln!(out, "  {l}");
             }
         }
         None => {
-            let _ = writeln!(
-                out,
-                "PyTorch's own run of the same: python3 pinned-mem/bench/torch_seed.py (needs torch and a GPU)."
-            );
+            let _ =
+                writeln!(out, "PyTorch's own run of the same: python3 bench/torch_seed.py (needs torch and a GPU).");
         }
     }
 }
@@ -654,7 +652,7 @@ pub fn json(sm: &Summary) -> String {
     let gpu = sm.gpu;
     let stats_json = |st: Stats| Json::Obj(vec![("median", f(st.median)), ("min", f(st.min)), ("max", f(st.max))]);
     let doc = Json::Obj(vec![
-        ("tool", s("pinned-mem bench")),
+        ("tool", s("wirespeed-bench")),
         ("version", s(env!("CARGO_PKG_VERSION"))),
         ("emulated", Json::Bool(gpu.emulated)),
         ("label", if gpu.emulated { s(EMULATED) } else { Json::Null }),

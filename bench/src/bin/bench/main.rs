@@ -7,37 +7,25 @@
 //! arrived intact, with the pinned-mem goals as PASS/MISS lines.
 //!
 //! ```text
-//! cargo run --release -p wirespeed-pinned --bin bench                  # demo file, every strategy
-//! cargo run --release -p wirespeed-pinned --bin bench -- my.memmap     # your file
-//! cargo run --release -p wirespeed-pinned --bin bench -- --seed        # the seed's experiment
-//! cargo run -p wirespeed-pinned --features emulator --bin bench -- --emulated --quick
+//! cargo run --release -p wirespeed-bench                  # demo file, every strategy
+//! cargo run --release -p wirespeed-bench -- my.memmap     # your file
+//! cargo run --release -p wirespeed-bench -- --seed        # the seed's experiment
+//! cargo run -p wirespeed-bench --features emulator -- --emulated --quick
 //! ```
 //!
 //! See `bench --help` for every option.
 
-#[path = "bench/args.rs"]
 mod args;
-#[path = "bench/checksum.rs"]
 mod checksum;
-#[path = "bench/data.rs"]
 mod data;
-#[path = "bench/gpu.rs"]
 mod gpu;
-#[path = "bench/output.rs"]
 mod output;
-#[path = "bench/overhead.rs"]
 mod overhead;
-#[path = "bench/progress.rs"]
 mod progress;
-#[path = "bench/rawcuda.rs"]
 mod rawcuda;
-#[path = "bench/results.rs"]
 mod results;
-#[path = "bench/runs.rs"]
 mod runs;
-#[path = "bench/seed.rs"]
 mod seed;
-#[path = "bench/util.rs"]
 mod util;
 
 use args::{Options, Parsed};

@@ -1,8 +1,8 @@
 //! `multi`: one page-cached file streamed to every visible GPU at once.
 //!
 //! ```text
-//! cargo run --release -p wirespeed-pinned --bin multi                       # 4 GiB file, budget file/8
-//! cargo run -p wirespeed-pinned --features emulator --bin multi -- --emulated --size 64M   # CUDA_EMU_DEVICES=2
+//! cargo run --release -p wirespeed-bench --bin multi                       # 4 GiB file, budget file/8
+//! cargo run -p wirespeed-bench --features emulator --bin multi -- --emulated --size 64M   # CUDA_EMU_DEVICES=2
 //! ```
 //!
 //! It measures each GPU's line rate alone and all of them at once (resident
@@ -13,12 +13,9 @@
 //! per-GPU line rates measured in the same run; the last pass of every run is
 //! copied back and compared.
 
-#[path = "common/demo.rs"]
-mod demo;
-use demo::cpu_seconds;
-use demo::pattern_file;
 use std::process::ExitCode;
 use std::time::Instant;
+use wirespeed_bench::{cpu_seconds, pattern_file};
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, PinnedFlags, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 

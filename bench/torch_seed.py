@@ -17,7 +17,7 @@ arrived intact.
 Runs only where `import torch` works and torch sees a GPU; otherwise it says
 why and exits 0, so it can sit in any script. Optional: --json PATH.
 
-    python3 pinned-mem/bench/torch_seed.py [--rows 1024] [--reps 3] [--json out.json]
+    python3 bench/torch_seed.py [--rows 1024] [--reps 3] [--json out.json]
 """
 
 import argparse

@@ -209,7 +209,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-/// PyTorch's own run of the same experiment (`pinned-mem/bench/torch_seed.py`).
+/// PyTorch's own run of the same experiment (`bench/torch_seed.py`).
 pub struct Torch {
     /// What it printed (its table), or why it did not run.
     pub text: String,
@@ -218,7 +218,7 @@ pub struct Torch {
 }
 
 fn find_script() -> Option<PathBuf> {
-    const REL: &str = "pinned-mem/bench/torch_seed.py";
+    const REL: &str = "bench/torch_seed.py";
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(d) = std::env::current_dir() {
         candidates.extend(d.ancestors().map(|a| a.join(REL)));
@@ -226,7 +226,7 @@ fn find_script() -> Option<PathBuf> {
     if let Ok(e) = std::env::current_exe() {
         candidates.extend(e.ancestors().skip(1).map(|a| a.join(REL)));
     }
-    candidates.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/torch_seed.py")));
+    candidates.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/torch_seed.py")));
     candidates.into_iter().find(|p| p.is_file())
 }
 
@@ -238,7 +238,7 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
     }
     let Some(script) = find_script() else {
         return Torch {
-            text: "skipped: pinned-mem/bench/torch_seed.py not found (run bench from the repository root)".into(),
+            text: "skipped: bench/torch_seed.py not found (run bench from the repository root)".into(),
             json: None,
         };
     };

@@ -2,8 +2,8 @@
 //! checks that the data keeps arriving intact and that memory stays flat.
 //!
 //! ```text
-//! cargo run --release -p wirespeed-pinned --bin soak -- --gb 100            # 100 GB per strategy
-//! cargo run -p wirespeed-pinned --features emulator --bin soak -- --emulated --gb 2 --size 64M
+//! cargo run --release -p wirespeed-bench --bin soak -- --gb 100            # 100 GB per strategy
+//! cargo run -p wirespeed-bench --features emulator --bin soak -- --emulated --gb 2 --size 64M
 //! ```
 //!
 //! Every pass, three random 16 MiB pieces of the device copy are read back and
@@ -12,9 +12,7 @@
 //! time, and the process's resident and locked memory at the start, the end
 //! and the peak (flat memory: the end is where the start was).
 
-#[path = "common/demo.rs"]
-mod demo;
-use demo::pattern_file;
+use wirespeed_bench::pattern_file;
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
