@@ -15,7 +15,8 @@
 
 use std::process::ExitCode;
 use std::time::Instant;
-use wirespeed_bench::{cpu_seconds, pattern_file};
+use wirespeed_bench::cpu;
+use wirespeed_bench::pattern_file;
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, PinnedFlags, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
@@ -143,12 +144,12 @@ fn run() -> Res<()> {
         for (name, strategy, b) in plans {
             let st = Streamer::new(&devs, StreamConfig::new(strategy, PinBudget::new(b))).map_err(err(name))?;
             st.to_devices(&file, 0..len, &mut dsts).map_err(err(name))?; // untimed first pass
-            let (c0, t0) = (cpu_seconds(), Instant::now());
+            let (c0, t0) = (cpu::process_seconds(), Instant::now());
             let mut used = String::new();
             for _ in 0..reps {
                 used = st.to_devices(&file, 0..len, &mut dsts).map_err(err(name))?.strategy.to_string();
             }
-            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
             let moved = (len * devs.len() as u64 * reps as u64) as f64 / 1e9;
             let mut intact = true;
             for (i, d) in dsts.iter().enumerate() {
@@ -193,12 +194,12 @@ fn run() -> Res<()> {
             })
         };
         pass(&mut shares)?; // untimed first pass
-        let (c0, t0) = (cpu_seconds(), Instant::now());
+        let (c0, t0) = (cpu::process_seconds(), Instant::now());
         let mut used = String::new();
         for _ in 0..reps {
             used = pass(&mut shares)?;
         }
-        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
         let moved = (len * reps as u64) as f64 / 1e9;
         let mut intact = true;
         for ((i, r), d) in parts.iter().zip(&shares) {

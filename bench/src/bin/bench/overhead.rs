@@ -12,10 +12,11 @@
 
 use crate::rawcuda;
 use crate::runs::Bench;
-use crate::util::{Result, Stats, stats, thread_cpu_seconds};
+use crate::util::{Result, Stats, stats};
 use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu, sched_setaffinity};
 use nix::unistd::Pid;
 use std::time::Instant;
+use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, PinnedBuffer, Stream};
 
 pub const COPY_BYTES: usize = 64 << 10;
@@ -81,11 +82,11 @@ impl Overhead {
 
 fn safe_batch(stream: &Stream, src: &PinnedBuffer<u8>, dst: &mut DeviceBuffer<u8>, count: usize) -> Result<(f64, f64)> {
     stream.device().synchronize()?;
-    let (c0, t0) = (thread_cpu_seconds(), Instant::now());
+    let (c0, t0) = (cpu::thread_seconds(), Instant::now());
     for _ in 0..count {
         stream.copy_to_device(src, dst)?.detach();
     }
-    let r = (thread_cpu_seconds() - c0, t0.elapsed().as_secs_f64());
+    let r = (cpu::thread_seconds() - c0, t0.elapsed().as_secs_f64());
     stream.synchronize()?;
     Ok(r)
 }

@@ -5,8 +5,9 @@
 //! microbenchmark. Each function waits for its copies before it returns, so the
 //! borrows it takes cover the whole time CUDA may touch the memory.
 
-use crate::util::{Fatal, Result, thread_cpu_seconds};
+use crate::util::{Fatal, Result};
 use std::time::Instant;
+use wirespeed_bench::cpu;
 use wirespeed_cuda::sys::{Api, cudaError, cudaError_t, cudaMemcpyKind};
 use wirespeed_cuda::{DeviceBuffer, PinnedBuffer, Stream};
 
@@ -123,7 +124,7 @@ pub fn raw_copies(
     let (d, s, n, raw) = (dst.as_raw_ptr(), src.as_ptr(), src.len(), stream.as_raw());
     let ordinal = stream.device().ordinal() as i32;
     let mut result = Ok(());
-    let (c0, t0) = (thread_cpu_seconds(), Instant::now());
+    let (c0, t0) = (cpu::thread_seconds(), Instant::now());
     for _ in 0..count {
         if set_device {
             // SAFETY: a plain value argument; the runtime checks the ordinal.
@@ -143,7 +144,7 @@ pub fn raw_copies(
             break;
         }
     }
-    let (cpu, wall) = (thread_cpu_seconds() - c0, t0.elapsed().as_secs_f64());
+    let (cpu, wall) = (cpu::thread_seconds() - c0, t0.elapsed().as_secs_f64());
     let synced = stream.synchronize();
     result?;
     synced?;

@@ -8,10 +8,11 @@ use crate::gpu::Gpu;
 use crate::progress::Progress;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
-use crate::util::{Fatal, GIB, KIB, MIB, Result, fmt_bytes, pieces, process_cpu_seconds, round_down};
+use crate::util::{Fatal, GIB, KIB, MIB, Result, fmt_bytes, pieces, round_down};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
+use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
 use wirespeed_pinned::{PinBudget, Report, Strategy, StreamConfig, Streamer};
 
@@ -79,9 +80,9 @@ impl Bench {
 
 /// Times `f` (wall and process CPU).
 fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, Sample)> {
-    let (c0, t0) = (process_cpu_seconds(), Instant::now());
+    let (c0, t0) = (cpu::process_seconds(), Instant::now());
     let v = f()?;
-    Ok((v, Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: process_cpu_seconds() - c0 }))
+    Ok((v, Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: cpu::process_seconds() - c0 }))
 }
 
 /// Turns a failure into the row's error, unless the CUDA context is gone.

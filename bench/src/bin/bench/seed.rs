@@ -6,10 +6,11 @@ use crate::data::fill_pattern;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::runs::Bench;
-use crate::util::{Fatal, Result, process_cpu_seconds};
+use crate::util::{Fatal, Result};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
+use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
 
 pub const ROWS: usize = 1024;
@@ -75,10 +76,10 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
                 b.stream.memset(dst, 0)?.wait()?;
                 dev.synchronize()?;
                 b.progress.begin(name, rep + 1, b.reps);
-                let (c0, t0) = (process_cpu_seconds(), Instant::now());
+                let (c0, t0) = (cpu::process_seconds(), Instant::now());
                 body(b, dst)?;
                 dev.synchronize()?;
-                let s = Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: process_cpu_seconds() - c0 };
+                let s = Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: cpu::process_seconds() - c0 };
                 row.samples.push(s);
                 b.progress.rep_done(
                     &format!(

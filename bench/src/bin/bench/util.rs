@@ -1,7 +1,5 @@
-//! Small helpers: the bench's error type, CPU time, host facts, sizes, statistics.
+//! Small helpers: the bench's error type, host facts, sizes, statistics.
 
-use nix::sys::resource::{UsageWho, getrusage};
-use nix::sys::time::TimeVal;
 use std::fmt;
 use std::path::Path;
 
@@ -50,30 +48,6 @@ pub trait Context<T> {
 impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|e| Fatal::Run(format!("{}: {e}", what())))
-    }
-}
-
-fn seconds(t: TimeVal) -> f64 {
-    t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6
-}
-
-/// User + system CPU seconds of the whole process (every thread, the library's
-/// filler threads and the CUDA driver's own included).
-pub fn process_cpu_seconds() -> f64 {
-    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| seconds(u.user_time()) + seconds(u.system_time()))
-}
-
-/// CPU seconds of the calling thread, to the nanosecond (`getrusage` may count
-/// in scheduler ticks, too coarse for a batch of microsecond calls).
-pub fn thread_cpu_seconds() -> f64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `t` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is
-    // always supported on Linux and clock_gettime writes nothing else.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    if rc == 0 {
-        t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-    } else {
-        getrusage(UsageWho::RUSAGE_THREAD).map_or(0.0, |u| seconds(u.user_time()) + seconds(u.system_time()))
     }
 }
 
