@@ -13,10 +13,11 @@
 //! per-GPU line rates measured in the same run; the last pass of every run is
 //! copied back and compared.
 
+use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
 use wirespeed_bench::cpu;
-use wirespeed_bench::pattern_file;
+use wirespeed_bench::{parse_count, parse_size, pattern_file};
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, PinnedFlags, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
@@ -47,6 +48,23 @@ fn line_rate(devs: &[Device], bytes: usize, reps: usize) -> Res<f64> {
     Ok((bytes * reps * devs.len()) as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
 
+/// One page-cached file streamed to every visible GPU at once.
+#[derive(Debug, Parser)]
+#[command(name = "multi", version)]
+struct Args {
+    /// Size of the file streamed (K/M/G/T are powers of 1024)
+    #[arg(long, value_name = "BYTES", default_value = "4G", value_parser = parse_size)]
+    size: u64,
+
+    /// Timed passes per run, after one untimed
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = parse_count)]
+    reps: usize,
+
+    /// Use the emulated CUDA runtime (needs a build with `--features emulator`)
+    #[arg(long)]
+    emulated: bool,
+}
+
 struct Row {
     name: String,
     strategy: String,
@@ -56,30 +74,11 @@ struct Row {
 }
 
 fn run() -> Res<()> {
-    let mut size: u64 = 4 << 30;
-    let mut reps = 3;
-    let mut emulated = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--size" => {
-                let v = args.next().ok_or("--size needs a value")?;
-                let (n, m) = match v.strip_suffix(['G', 'g']) {
-                    Some(n) => (n, 1u64 << 30),
-                    None => v.strip_suffix(['M', 'm']).map_or((v.as_str(), 1), |n| (n, 1 << 20)),
-                };
-                size = n.parse::<u64>().map_err(|_| "--size: e.g. 4G or 512M")? * m;
-            }
-            "--reps" => reps = args.next().and_then(|v| v.parse().ok()).ok_or("--reps: a number")?,
-            "--emulated" => emulated = true,
-            _ => return Err("usage: multi [--size 4G] [--reps 3] [--emulated]".into()),
-        }
-    }
+    let Args { size, reps, emulated } = Args::parse();
     if emulated {
-        #[cfg(feature = "emulator")]
-        wirespeed_cuda_sys::emulator::install().map_err(err("emulator"))?;
-        #[cfg(not(feature = "emulator"))]
-        return Err("--emulated needs a build with --features emulator".into());
+        wirespeed_bench::emulator::select(
+            "cargo run --release -p wirespeed-bench --features emulator --bin multi -- --emulated --size 64M",
+        )?;
     }
     let devs = Device::all().map_err(err("no GPU"))?;
     let names: Vec<String> = devs.iter().map(|d| d.name().unwrap_or_default()).collect();

@@ -12,7 +12,8 @@
 //! time, and the process's resident and locked memory at the start, the end
 //! and the peak (flat memory: the end is where the start was).
 
-use wirespeed_bench::pattern_file;
+use clap::Parser;
+use wirespeed_bench::{parse_size, pattern_file};
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
@@ -21,25 +22,6 @@ use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
 const PIECE: usize = 16 << 20;
-
-fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let m = match s[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-                "" => 1,
-                "K" => 1u64 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                _ => return None,
-            };
-            (&s[..i], m)
-        }
-        None => (s, 1),
-    };
-    num.parse::<f64>().ok().map(|n| (n * mult as f64) as u64)
-}
 
 /// `(VmRSS, VmLck)` of this process in bytes.
 fn memory() -> (u64, u64) {
@@ -55,33 +37,40 @@ fn memory() -> (u64, u64) {
     (field("VmRSS:"), field("VmLck:"))
 }
 
+/// Streams a file to the GPU again and again with each strategy and checks that
+/// the data keeps arriving intact and that memory stays flat.
+#[derive(Debug, Parser)]
+#[command(name = "soak", version)]
 struct Args {
+    /// GB (10^9 bytes) to stream per strategy
+    #[arg(long, value_name = "GB", default_value_t = 100.0, value_parser = parse_gb)]
     gb: f64,
+
+    /// Size of the file streamed (at least 64M; K/M/G/T are powers of 1024)
+    #[arg(long, value_name = "BYTES", default_value = "4G", value_parser = parse_file_size)]
     size: u64,
+
+    /// Pin budget (default: the file size / 8)
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     budget: Option<u64>,
+
+    /// Use the emulated CUDA runtime (needs a build with `--features emulator`)
+    #[arg(long)]
     emulated: bool,
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args { gb: 100.0, size: 4 << 30, budget: None, emulated: false };
-    let mut it = std::env::args().skip(1);
-    while let Some(x) = it.next() {
-        let mut val = |n: &str| it.next().ok_or(format!("{n} needs a value"));
-        match x.as_str() {
-            "--gb" => a.gb = val("--gb")?.parse().map_err(|_| "--gb: a number of GB")?,
-            "--size" => a.size = parse_size(&val("--size")?).ok_or("--size: e.g. 4G")?,
-            "--budget" => a.budget = Some(parse_size(&val("--budget")?).ok_or("--budget: e.g. 512M")?),
-            "--emulated" => a.emulated = true,
-            "-h" | "--help" => {
-                return Err("usage: soak [--gb GB per strategy] [--size FILE] [--budget BYTES] [--emulated]".into());
-            }
-            o => return Err(format!("unknown argument {o:?} (try --help)")),
-        }
+fn parse_gb(v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(gb) if gb.is_finite() && gb > 0.0 => Ok(gb),
+        _ => Err(format!("{v:?} is not a number of GB above 0")),
     }
-    if a.size < 64 * MIB {
-        return Err("--size: at least 64M".into());
+}
+
+fn parse_file_size(v: &str) -> Result<u64, String> {
+    match parse_size(v)? {
+        s if s < 64 * MIB => Err("at least 64M".into()),
+        s => Ok(s),
     }
-    Ok(a)
 }
 
 /// Compares `len` bytes at `off` of the device copy with the file, through a pinned bounce buffer.
@@ -99,13 +88,11 @@ fn check_piece(
     Ok(bounce.as_slice().map_err(|e| e.to_string())?[..len] == file[off..off + len])
 }
 
-fn run() -> Result<bool, String> {
-    let a = args()?;
+fn run(a: Args) -> Result<bool, String> {
     if a.emulated {
-        #[cfg(feature = "emulator")]
-        wirespeed_cuda_sys::emulator::install().map_err(|e| e.to_string())?;
-        #[cfg(not(feature = "emulator"))]
-        return Err("--emulated needs a build with --features emulator".into());
+        wirespeed_bench::emulator::select(
+            "cargo run --release -p wirespeed-bench --features emulator --bin soak -- --emulated --gb 2 --size 64M",
+        )?;
     }
     let dev = Device::get(0).map_err(|e| format!("no GPU: {e}"))?;
     let label = if a.emulated { " [EMULATED: not GPU measurements]" } else { "" };
@@ -214,7 +201,8 @@ fn run() -> Result<bool, String> {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    // Bad arguments exit 2 (clap's usage errors), --help and --version 0.
+    match run(Args::parse()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("soak: MISMATCHES: data arrived damaged");

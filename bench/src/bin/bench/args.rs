@@ -1,42 +1,26 @@
-//! Command-line options (hand-rolled: no argument-parsing crate).
+//! Command-line options.
 
-use crate::util::{GIB, parse_size};
-use std::ffi::OsString;
+use crate::util::GIB;
+use clap::Parser;
 use std::path::PathBuf;
+use wirespeed_bench::{parse_count, parse_size};
 
-pub const USAGE: &str = "\
-bench: which way of feeding the GPU from host memory is fast, by how much, and why.
+const ABOUT: &str = "Which way of feeding the GPU from host memory is fast, by how much, and why.";
 
-USAGE:
-    bench [OPTIONS] [FILE]
+const LONG_ABOUT: &str = "\
+Which way of feeding the GPU from host memory is fast, by how much, and why.
 
-With no FILE it writes a demo file (4 GiB, less when disk or RAM are short) in
-the temporary folder, streams it to GPU 0 with every strategy, and removes it.
-With FILE (any size, e.g. your own np.memmap) it streams that file instead; it
-is mapped, so it must not be written or truncated while the bench runs.
+With no FILE it writes a demo file (4 GiB, less when disk or RAM are short) in the temporary \
+folder, streams it to GPU 0 with every strategy, and removes it. With FILE (any size, e.g. your \
+own np.memmap) it streams that file instead; it is mapped, so it must not be written or \
+truncated while the bench runs.";
 
-OPTIONS:
-    --size BYTES     demo file size: 4G, 512M, 1.5GiB, 65536 (K/M/G/T are powers of 1024)
-    --budget BYTES   pin budget (default: file size / 8, so the default run measures
-                     the goal for a file 8x the budget)
-    --reps N         repetitions per strategy; the median is reported, min-max shown (default 3)
-    --threads N      most filler threads for the pinned ring (default: the number of cores)
-    --only A,B,...   run only these strategies (names below; a family name such as
-                     `ring` or `cold` selects all its members)
-    --seed           the seed's experiment: 1024 rows of 655360 float32, row by row,
-                     the seed's four PyTorch variants and ours
-    --overhead       the safe-layer overhead microbenchmark (cuda-safe vs raw cuda-sys,
-                     CPU time per 64 KiB async copy); runs in the default run too
-    --emulated       use the emulated CUDA runtime (needs a build with `--features emulator`)
-    --out DIR        write results.json, results.csv and chart.svg into DIR
-    --json           print the results as JSON on stdout (the tables then go to stderr)
-    --quick          small sizes and 1 repetition (CI, the emulator)
-    --no-cold        skip the cold-read runs and the O_DIRECT disk measurement
-    -h, --help       this text
+const AFTER_HELP: &str = "The strategies (--only), the environment and the exit status: see --help.";
 
+const AFTER_LONG_HELP: &str = "\
 STRATEGIES (--only):
     pageable          cudaMemcpy straight from the file mapping, 64 MiB chunks
-    per-batch-pinned  cudaHostAlloc + memcpy + copy + cudaFreeHost per 64 MiB chunk (the seed's way)
+    per-batch-pinned  cudaHostAlloc + memcpy + copy + cudaFreeHost per 64 MiB chunk
     ring-T            pinned ring, allocated once, T filler threads (T = 1, 4, 8, --threads)
     windows           sliding windows of the mapping, registered in place, 3 in flight
     hybrid            registered windows and the pinned ring together
@@ -54,8 +38,7 @@ ENVIRONMENT:
 
 EXIT STATUS:
     0 every run finished and every copy arrived intact; 1 a run failed or data arrived
-    damaged; 2 bad arguments or no usable GPU.
-";
+    damaged; 2 bad arguments or no usable GPU.";
 
 /// Every strategy name, in the order the runs happen.
 pub const STRATEGY_FAMILIES: &[&str] = &[
@@ -72,32 +55,120 @@ pub const STRATEGY_FAMILIES: &[&str] = &[
     "cold-direct",
 ];
 
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    pub file: Option<PathBuf>,
-    pub size: Option<u64>,
-    pub budget: Option<u64>,
-    pub reps: Option<usize>,
-    pub threads: Option<usize>,
-    pub only: Option<Vec<String>>,
-    pub seed: bool,
-    pub overhead: bool,
-    pub emulated: bool,
-    pub out: Option<PathBuf>,
-    pub json: bool,
-    pub quick: bool,
-    pub no_cold: bool,
+/// The strategies `--only` selected (lower case, checked against [`STRATEGY_FAMILIES`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Only(pub Vec<String>);
+
+fn parse_only(v: &str) -> Result<Only, String> {
+    let list: Vec<String> = v.split(',').map(|x| x.trim().to_ascii_lowercase()).filter(|x| !x.is_empty()).collect();
+    if list.is_empty() {
+        return Err("needs at least one strategy name".into());
+    }
+    for n in &list {
+        let ok = STRATEGY_FAMILIES.iter().any(|f| f == n || f.starts_with(&format!("{n}-")))
+            || n.strip_prefix("ring-").is_some_and(|t| t.parse::<usize>().is_ok_and(|t| t >= 1))
+            || n == "cold";
+        if !ok {
+            return Err(format!(
+                "unknown strategy {n:?}; known: {}, ring-T (T threads), cold",
+                STRATEGY_FAMILIES.join(", ")
+            ));
+        }
+    }
+    Ok(Only(list))
 }
 
-pub enum Parsed {
-    Run(Box<Options>),
-    Help,
+fn parse_demo_size(v: &str) -> Result<u64, String> {
+    match parse_size(v)? {
+        0 => Err("must be more than 0".into()),
+        s if s > 64 * 1024 * GIB => Err("more than 64 TiB is surely a typo".into()),
+        s => Ok(s),
+    }
+}
+
+fn parse_budget(v: &str) -> Result<u64, String> {
+    match parse_size(v)? {
+        s if s < 4096 => Err("must be at least 4 KiB".into()),
+        s => Ok(s),
+    }
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "bench",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    after_long_help = AFTER_LONG_HELP
+)]
+pub struct Options {
+    /// The file to stream (default: a demo file, written and removed)
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+
+    /// Demo file size: 4G, 512M, 1.5GiB, 65536 (K/M/G/T are powers of 1024)
+    #[arg(long, value_name = "BYTES", value_parser = parse_demo_size, conflicts_with = "file")]
+    pub size: Option<u64>,
+
+    /// Pin budget (default: file size / 8, so that the default run measures the target for a
+    /// file 8x the budget)
+    #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
+    pub budget: Option<u64>,
+
+    /// Repetitions per strategy; the median is reported, min-max shown (default 3, 1 with --quick)
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub reps: Option<usize>,
+
+    /// Most filler threads for the pinned ring (default: the number of cores; at most 1024)
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub threads: Option<usize>,
+
+    /// Run only these strategies (named in --help; a family name such as `ring` or `cold` selects
+    /// all its members)
+    #[arg(long, value_name = "A,B,...", value_parser = parse_only)]
+    pub only: Option<Only>,
+
+    /// The row-by-row experiment: 1024 rows of 655360 float32, row by row, the four PyTorch
+    /// variants and ours
+    #[arg(long)]
+    pub seed: bool,
+
+    /// The safe-layer overhead microbenchmark (cuda-safe vs raw cuda-sys, CPU time per 64 KiB
+    /// async copy); runs in the default run too
+    #[arg(long)]
+    pub overhead: bool,
+
+    /// Use the emulated CUDA runtime (needs a build with `--features emulator`)
+    #[arg(long)]
+    pub emulated: bool,
+
+    /// Write results.json, results.csv and chart.svg into DIR
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// Print the results as JSON on stdout (the tables then go to stderr)
+    #[arg(long)]
+    pub json: bool,
+
+    /// Small sizes and 1 repetition (CI, the emulator)
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Skip the cold-read runs and the O_DIRECT disk measurement
+    #[arg(long)]
+    pub no_cold: bool,
 }
 
 impl Options {
     /// Repetitions: --reps, else 1 with --quick, else 3.
     pub fn reps(&self) -> usize {
         self.reps.unwrap_or(if self.quick { 1 } else { 3 })
+    }
+
+    /// Filler threads: --threads (at most 1024), else the cores.
+    pub fn threads(&self) -> usize {
+        self.threads.map_or_else(crate::util::cores, |t| t.min(1024))
     }
 
     /// Whether the file-streaming runs happen (not when only --seed/--overhead were asked).
@@ -112,121 +183,25 @@ impl Options {
         }
         match &self.only {
             None => true,
-            Some(list) => list
+            Some(Only(list)) => list
                 .iter()
                 .any(|o| o == name || name.strip_prefix(o.as_str()).is_some_and(|rest| rest.starts_with('-'))),
         }
     }
 }
 
-fn value(name: &str, inline: Option<String>, it: &mut impl Iterator<Item = OsString>) -> Result<String, String> {
-    if let Some(v) = inline {
-        return Ok(v);
-    }
-    match it.next() {
-        Some(v) => v.into_string().map_err(|v| format!("{name}: {v:?} is not valid UTF-8")),
-        None => Err(format!("{name} needs a value")),
-    }
-}
-
-fn count(name: &str, v: &str) -> Result<usize, String> {
-    match v.trim().parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("{name}: {v:?} is not a whole number >= 1")),
-    }
-}
-
-/// Parses the arguments after the program name.
-pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String> {
-    let mut o = Options::default();
-    let mut it = args.into_iter();
-    let mut no_more_options = false;
-    while let Some(arg) = it.next() {
-        let s = arg.to_string_lossy().into_owned();
-        if no_more_options || !s.starts_with('-') || s == "-" {
-            if o.file.is_some() {
-                return Err(format!("only one FILE may be given (got {:?} too)", arg));
-            }
-            o.file = Some(PathBuf::from(arg));
-            continue;
-        }
-        let (name, inline) = match s.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (s.clone(), None),
-        };
-        let flag = |inline: &Option<String>| match inline {
-            Some(_) => Err(format!("{name} takes no value")),
-            None => Ok(true),
-        };
-        match name.as_str() {
-            "--" => no_more_options = true,
-            "-h" | "--help" => return Ok(Parsed::Help),
-            "--size" => {
-                let v = parse_size(&value(&name, inline, &mut it)?).map_err(|e| format!("--size: {e}"))?;
-                if v == 0 {
-                    return Err("--size must be more than 0".into());
-                }
-                o.size = Some(v);
-            }
-            "--budget" => {
-                let v = parse_size(&value(&name, inline, &mut it)?).map_err(|e| format!("--budget: {e}"))?;
-                if v < 4096 {
-                    return Err("--budget must be at least 4 KiB".into());
-                }
-                o.budget = Some(v);
-            }
-            "--reps" => o.reps = Some(count(&name, &value(&name, inline, &mut it)?)?),
-            "--threads" => o.threads = Some(count(&name, &value(&name, inline, &mut it)?)?.min(1024)),
-            "--only" => {
-                let v = value(&name, inline, &mut it)?;
-                let list: Vec<String> =
-                    v.split(',').map(|x| x.trim().to_ascii_lowercase()).filter(|x| !x.is_empty()).collect();
-                if list.is_empty() {
-                    return Err("--only needs at least one strategy name".into());
-                }
-                for n in &list {
-                    let ok = STRATEGY_FAMILIES.iter().any(|f| f == n || f.starts_with(&format!("{n}-")))
-                        || n.strip_prefix("ring-").is_some_and(|t| t.parse::<usize>().is_ok_and(|t| t >= 1))
-                        || n == "cold";
-                    if !ok {
-                        return Err(format!(
-                            "--only: unknown strategy {n:?}; known: {}, ring-T (T threads), cold",
-                            STRATEGY_FAMILIES.join(", ")
-                        ));
-                    }
-                }
-                o.only = Some(list);
-            }
-            "--seed" => o.seed = flag(&inline)?,
-            "--overhead" => o.overhead = flag(&inline)?,
-            "--emulated" => o.emulated = flag(&inline)?,
-            "--json" => o.json = flag(&inline)?,
-            "--quick" => o.quick = flag(&inline)?,
-            "--no-cold" => o.no_cold = flag(&inline)?,
-            "--out" => o.out = Some(PathBuf::from(value(&name, inline, &mut it)?)),
-            _ => return Err(format!("unknown option {name:?}")),
-        }
-    }
-    if o.file.is_some() && o.size.is_some() {
-        return Err("--size sets the size of the demo file; it cannot be used with FILE".into());
-    }
-    if let Some(s) = o.size
-        && s > 64 * 1024 * GIB
-    {
-        return Err("--size: more than 64 TiB is surely a typo".into());
-    }
-    Ok(Parsed::Run(Box::new(o)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
-    fn p(a: &[&str]) -> Result<Options, String> {
-        match parse(a.iter().map(OsString::from))? {
-            Parsed::Run(o) => Ok(*o),
-            Parsed::Help => Err("help".into()),
-        }
+    fn p(a: &[&str]) -> Result<Options, clap::Error> {
+        Options::try_parse_from(std::iter::once("bench").chain(a.iter().copied()))
+    }
+
+    #[test]
+    fn command() {
+        Options::command().debug_assert();
     }
 
     #[test]
@@ -236,15 +211,20 @@ mod tests {
         assert_eq!(o.reps(), 5);
         assert!(o.selected("ring-4") && o.selected("auto") && !o.selected("windows"));
         assert!(p(&["--size", "1G", "data.bin"]).is_err());
-        let o = p(&["f.bin", "--only=cold"]).unwrap();
+        let o = p(&["f.bin", "--only=Cold,"]).unwrap();
         assert!(o.selected("cold-auto") && o.selected("cold-direct") && !o.selected("auto"));
         assert!(p(&["--only", "nope"]).is_err());
+        assert!(p(&["--only", ","]).is_err());
         assert!(p(&["--reps", "0"]).is_err());
+        assert!(p(&["--size", "0"]).is_err());
+        assert!(p(&["--size", "65T"]).is_err());
+        assert!(p(&["--budget", "4000"]).is_err());
         assert!(p(&["--size"]).is_err());
         assert!(p(&["--frobnicate"]).is_err());
         assert!(p(&["a", "b"]).is_err());
         assert!(p(&["--json=1"]).is_err());
-        assert!(p(&["-h"]).is_err());
+        assert_eq!(p(&["-h"]).unwrap_err().kind(), clap::error::ErrorKind::DisplayHelp);
+        assert_eq!(p(&["--threads", "5000"]).unwrap().threads(), 1024);
         let o = p(&["--quick", "--no-cold"]).unwrap();
         assert_eq!(o.reps(), 1);
         assert!(!o.selected("cold-direct") && !o.selected("disk-direct") && o.selected("pageable"));

@@ -28,27 +28,19 @@ mod runs;
 mod seed;
 mod util;
 
-use args::{Options, Parsed};
+use args::Options;
+use clap::Parser;
 use output::{FileInfo, Summary};
 use progress::Progress;
 use runs::Bench;
 use std::io::Write;
 use std::process::ExitCode;
-use util::{Context, Fatal, MIB, Result, cores, fmt_bytes, round_down};
+use util::{Context, Fatal, MIB, Result, fmt_bytes, round_down};
 
 fn main() -> ExitCode {
-    let opts = match args::parse(std::env::args_os().skip(1)) {
-        Ok(Parsed::Help) => {
-            let _ = std::io::stdout().lock().write_all(args::USAGE.as_bytes());
-            return ExitCode::SUCCESS;
-        }
-        Ok(Parsed::Run(o)) => o,
-        Err(e) => {
-            eprintln!("bench: {e}\n(bench --help lists the options)");
-            return ExitCode::from(2);
-        }
-    };
-    match run(*opts) {
+    // Bad arguments exit 2 (clap's usage errors), --help and --version 0.
+    let opts = Options::parse();
+    match run(opts) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{}{e}", if matches!(e, Fatal::NoGpu(_)) { "" } else { "bench: " });
@@ -70,7 +62,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         progress.note(&format!("*** {} ***", output::EMULATED));
     }
     progress.note(&gpu.describe());
-    let threads = opts.threads.unwrap_or_else(cores);
+    let threads = opts.threads();
     let reps = opts.reps();
     let stream = wirespeed_cuda::Stream::new(&gpu.device)?;
     let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
