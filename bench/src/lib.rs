@@ -54,10 +54,13 @@ pub mod emulator {
     }
 }
 
-/// Writes `size` bytes of a deterministic xorshift pattern to a new file at `path`.
-pub fn pattern_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
+/// Writes `size` bytes of a deterministic xorshift pattern to a new file in the
+/// temporary folder (`TMPDIR`), named `prefix` and a random part; the file is
+/// removed when the returned handle is dropped.
+pub fn pattern_file(prefix: &str, size: u64) -> std::io::Result<tempfile::NamedTempFile> {
     use std::io::Write;
-    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(path)?);
+    let temp = tempfile::Builder::new().prefix(prefix).suffix(".bin").tempfile()?;
+    let mut f = std::io::BufWriter::with_capacity(8 << 20, temp.as_file());
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut block = vec![0u8; 1 << 20];
     for _ in 0..size.div_ceil(1 << 20) {
@@ -70,7 +73,9 @@ pub fn pattern_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
         f.write_all(&block)?;
     }
     f.flush()?;
-    f.get_ref().set_len(size)
+    drop(f);
+    temp.as_file().set_len(size)?;
+    Ok(temp)
 }
 
 /// Parses a size: "4G", "512M", "1.5GiB", "64k", "4096" (K, M, G and T are

@@ -97,12 +97,12 @@ fn run() -> Res<()> {
         together / sum
     );
 
-    let path = std::env::temp_dir().join(format!("pinned-mem-multi-{}.bin", std::process::id()));
-    pattern_file(&path, size).map_err(err("demo file"))?;
+    let temp = pattern_file("wirespeed-multi-", size).map_err(err("demo file"))?;
+    let path = temp.path();
     let result = (|| -> Res<Vec<Row>> {
         // SAFETY: the demo file is this process's own, written above, and
         // nothing changes it until it is removed after the runs.
-        let file = unsafe { MappedFile::open(&path) }.map_err(err("map"))?;
+        let file = unsafe { MappedFile::open(path) }.map_err(err("map"))?;
         let len = file.len();
         let budget = len / 8;
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
@@ -213,7 +213,7 @@ fn run() -> Res<()> {
         });
         Ok(rows)
     })();
-    let _ = std::fs::remove_file(&path);
+    drop(temp); // removes the demo file
     let rows = result?;
     println!(
         "{} file, pin budget {} MiB, {reps} timed passes after one untimed; GB/s = bytes landed on all GPUs / time",

@@ -96,12 +96,13 @@ fn run(a: Args) -> Result<bool, String> {
     }
     let dev = Device::get(0).map_err(|e| format!("no GPU: {e}"))?;
     let label = if a.emulated { " [EMULATED: not GPU measurements]" } else { "" };
-    let path = std::env::temp_dir().join(format!("pinned-mem-soak-{}.bin", std::process::id()));
-    pattern_file(&path, a.size).map_err(|e| format!("{}: {e}", path.display()))?;
+    let temp = pattern_file("wirespeed-soak-", a.size)
+        .map_err(|e| format!("writing the file in {}: {e}", std::env::temp_dir().display()))?;
+    let path = temp.path();
     let res = (|| -> Result<bool, String> {
         // SAFETY: the soak file is this process's own, written above, and
         // nothing changes it until it is removed after the runs.
-        let file = unsafe { MappedFile::open(&path) }.map_err(|e| e.to_string())?;
+        let file = unsafe { MappedFile::open(path) }.map_err(|e| e.to_string())?;
         let len = file.len();
         let bytes = file.as_bytes();
         let budget_bytes = a.budget.unwrap_or(len / 8);
@@ -196,7 +197,7 @@ fn run(a: Args) -> Result<bool, String> {
         println!("(timing includes the sampled read-back checks; GB/s here is not the bench's rate)");
         Ok(all_ok)
     })();
-    let _ = std::fs::remove_file(&path);
+    drop(temp); // removes the file
     res
 }
 

@@ -218,17 +218,15 @@ pub struct Torch {
     pub json: Option<String>,
 }
 
-fn find_script() -> Option<PathBuf> {
-    const REL: &str = "bench/torch_seed.py";
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Ok(d) = std::env::current_dir() {
-        candidates.extend(d.ancestors().map(|a| a.join(REL)));
-    }
-    if let Ok(e) = std::env::current_exe() {
-        candidates.extend(e.ancestors().skip(1).map(|a| a.join(REL)));
-    }
-    candidates.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/torch_seed.py")));
-    candidates.into_iter().find(|p| p.is_file())
+/// The script, built into the binary so that the bench runs it from any folder.
+const SCRIPT: &str = include_str!("../../../torch_seed.py");
+
+/// Writes the script into a new temporary folder, which also receives its JSON.
+fn script_dir() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::Builder::new().prefix("wirespeed-torch-").tempdir()?;
+    let script = dir.path().join("torch_seed.py");
+    std::fs::write(&script, SCRIPT)?;
+    Ok((dir, script))
 }
 
 /// Runs torch_seed.py with the same rows and repetitions, so that one run
@@ -237,16 +235,19 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
     if b.gpu.emulated {
         return Torch { text: "skipped: this is an emulated run".into(), json: None };
     }
-    let Some(script) = find_script() else {
-        return Torch {
-            text: "skipped: bench/torch_seed.py not found (run bench from the repository root)".into(),
-            json: None,
-        };
+    let (dir, script) = match script_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            return Torch {
+                text: format!("skipped: could not write the script to a temporary folder ({e})"),
+                json: None,
+            };
+        }
     };
-    let json_path = std::env::temp_dir().join(format!("pinned-mem-torch-seed-{}.json", std::process::id()));
+    let json_path = dir.path().join("results.json");
     let (rows_s, reps_s) = (rows.to_string(), b.reps.to_string());
     b.progress
-        .note(&format!("running PyTorch's own version: python3 {} --rows {rows_s} --reps {reps_s}", script.display()));
+        .note(&format!("running PyTorch's own version: python3 bench/torch_seed.py --rows {rows_s} --reps {reps_s}"));
     let out = Command::new("python3")
         .arg(&script)
         .args(["--rows", &rows_s, "--reps", &reps_s, "--json"])
@@ -254,7 +255,7 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output();
-    let t = match out {
+    match out {
         Err(e) => Torch { text: format!("skipped: could not run python3 ({e})"), json: None },
         Ok(o) => {
             let mut text = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
@@ -264,7 +265,29 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
             let json = std::fs::read_to_string(&json_path).ok().filter(|j| j.trim_start().starts_with('{'));
             Torch { text, json }
         }
-    };
-    let _ = std::fs::remove_file(&json_path);
-    t
+    } // the folder is removed here
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The built-in script runs from its temporary folder: it skips itself
+    /// (exit 0) without torch or a GPU, or runs one row where both are there.
+    #[test]
+    fn script_runs_or_skips() {
+        let (dir, script) = script_dir().unwrap();
+        assert_eq!(std::fs::read_to_string(&script).unwrap(), SCRIPT);
+        let out = Command::new("python3")
+            .arg(&script)
+            .args(["--rows", "1", "--reps", "1", "--json"])
+            .arg(dir.path().join("results.json"))
+            .stdin(Stdio::null())
+            .output();
+        let Ok(out) = out else { return }; // no python3 here
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!path.exists());
+    }
 }
