@@ -112,7 +112,7 @@ fn run() -> Res<()> {
             .collect::<Result<_, _>>()
             .map_err(err("device buffers"))?;
         // Reads `buf` (on device `i`) back and compares it with file bytes `r`
-        // (one pinned buffer, allocated once: pinning costs 0.34 s per GiB).
+        // (one pinned buffer, allocated once: pinning is slow).
         let back = std::cell::RefCell::new(PinnedBuffer::<u8>::new(len as usize).map_err(err("readback"))?);
         let check = |i: usize, buf: &DeviceBuffer<u8>, r: std::ops::Range<u64>| -> Res<bool> {
             let mut back = back.borrow_mut();

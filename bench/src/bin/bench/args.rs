@@ -129,10 +129,11 @@ pub struct Options {
     #[arg(long, value_name = "A,B,...", value_parser = parse_only)]
     pub only: Option<Only>,
 
-    /// The row-by-row experiment: 1024 rows of 655360 float32, row by row, the four PyTorch
-    /// variants and ours
+    /// PyTorch's row-by-row copy: 1024 rows of 2.5 MiB to the GPU one at a time, a fresh pinned
+    /// buffer per row vs pageable vs pinned once; with PyTorch's own rows where torch is
+    /// importable
     #[arg(long)]
-    pub seed: bool,
+    pub pytorch_rows: bool,
 
     /// The safe-layer overhead microbenchmark (cuda-safe vs raw cuda-sys, CPU time per 64 KiB
     /// async copy); runs in the default run too
@@ -171,9 +172,9 @@ impl Options {
         self.threads.map_or_else(crate::util::cores, |t| t.min(1024))
     }
 
-    /// Whether the file-streaming runs happen (not when only --seed/--overhead were asked).
+    /// Whether the file-streaming runs happen (not when only --pytorch-rows/--overhead were asked).
     pub fn streams(&self) -> bool {
-        !(self.seed || self.overhead) || self.file.is_some() || self.size.is_some() || self.only.is_some()
+        !(self.pytorch_rows || self.overhead) || self.file.is_some() || self.size.is_some() || self.only.is_some()
     }
 
     /// Whether strategy `name` (e.g. "ring-4") was selected.
@@ -228,7 +229,7 @@ mod tests {
         let o = p(&["--quick", "--no-cold"]).unwrap();
         assert_eq!(o.reps(), 1);
         assert!(!o.selected("cold-direct") && !o.selected("disk-direct") && o.selected("pageable"));
-        assert!(p(&["--seed"]).is_ok_and(|o| !o.streams()));
+        assert!(p(&["--pytorch-rows"]).is_ok_and(|o| !o.streams()));
         assert!(p(&[]).is_ok_and(|o| o.streams()));
     }
 }

@@ -20,18 +20,18 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Fills `buf` with the deterministic pattern of stream `seed`, as if it
-/// started at byte `start` (a multiple of 8) of that stream.
-pub fn fill_pattern(buf: &mut [u8], seed: u64, start: u64) {
+/// Fills `buf` with the deterministic pattern number `stream`, as if it
+/// started at byte `start` (a multiple of 8) of that pattern.
+pub fn fill_pattern(buf: &mut [u8], stream: u64, start: u64) {
     let first = start / 8;
     let mut words = buf.chunks_exact_mut(8);
     let mut i = first;
     for w in &mut words {
-        w.copy_from_slice(&splitmix(i ^ seed.rotate_left(32)).to_le_bytes());
+        w.copy_from_slice(&splitmix(i ^ stream.rotate_left(32)).to_le_bytes());
         i += 1;
     }
     let rest = words.into_remainder();
-    let last = splitmix(i ^ seed.rotate_left(32)).to_le_bytes();
+    let last = splitmix(i ^ stream.rotate_left(32)).to_le_bytes();
     rest.copy_from_slice(&last[..rest.len()]);
 }
 

@@ -1,16 +1,16 @@
-//! `bench`: the seed's question ("why is pinned memory slower?") as one
-//! command. It measures the line rate, then streams a file to the GPU with
-//! every way of feeding it (pageable copies, per-batch pinned allocation, the
-//! pinned ring, registered windows, whole-file registration, the hybrid, cold
-//! reads, the library's automatic choice) and prints GB/s, the fraction of the
-//! line rate, CPU seconds per GB, peak pinned bytes and whether the data
-//! arrived intact, with the pinned-mem goals as PASS/MISS lines.
+//! `bench`: "why is pinned memory slower?" answered by one command. It
+//! measures the line rate, then streams a file to the GPU with every way of
+//! feeding it (pageable copies, per-batch pinned allocation, the pinned ring,
+//! registered windows, whole-file registration, the hybrid, cold reads, the
+//! library's automatic choice) and prints GB/s, the fraction of the line rate,
+//! CPU seconds per GB, peak pinned bytes and whether the data arrived intact,
+//! with the bench's targets as PASS/MISS lines.
 //!
 //! ```text
-//! cargo run --release -p wirespeed-bench                  # demo file, every strategy
-//! cargo run --release -p wirespeed-bench -- my.memmap     # your file
-//! cargo run --release -p wirespeed-bench -- --seed        # the seed's experiment
-//! cargo run -p wirespeed-bench --features emulator -- --emulated --quick
+//! cargo run --release -p wirespeed-bench                         # demo file, every strategy
+//! cargo run --release -p wirespeed-bench -- my.memmap            # your file
+//! cargo run --release -p wirespeed-bench -- --pytorch-rows       # PyTorch's row-by-row copy
+//! cargo run -p wirespeed-bench --features emulator -- --emulated --quick   # no GPU needed
 //! ```
 //!
 //! See `bench --help` for every option.
@@ -24,8 +24,8 @@ mod overhead;
 mod progress;
 mod rawcuda;
 mod results;
+mod rows;
 mod runs;
-mod seed;
 mod util;
 
 use args::Options;
@@ -94,10 +94,10 @@ fn run(opts: Options) -> Result<ExitCode> {
             notes: data.notes.clone(),
         });
     } // the demo file is removed here
-    let seed_rows = if opts.seed { seed::run(&mut b)? } else { Vec::new() };
-    let torch = opts.seed.then(|| seed::torch(&b, seed::rows(opts.quick)));
+    let pytorch_rows = if opts.pytorch_rows { rows::run(&mut b)? } else { Vec::new() };
+    let torch = opts.pytorch_rows.then(|| rows::torch(&b, rows::row_count(opts.quick)));
     let overhead =
-        if opts.overhead || (!opts.seed && opts.only.is_none()) { Some(overhead::run(&mut b)?) } else { None };
+        if opts.overhead || (!opts.pytorch_rows && opts.only.is_none()) { Some(overhead::run(&mut b)?) } else { None };
 
     let summary = Summary {
         gpu: &b.gpu,
@@ -108,7 +108,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         line: &line,
         file,
         rows: &rows,
-        seed: &seed_rows,
+        pytorch_rows: &pytorch_rows,
         overhead: overhead.as_ref(),
         torch: torch.as_ref(),
     };
@@ -131,7 +131,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         }
         eprintln!("wrote results.json, results.csv and chart.svg to {}", dir.display());
     }
-    let all = std::iter::once(&line).chain(&rows).chain(&seed_rows);
+    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows);
     let failed: Vec<&str> =
         all.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
     if failed.is_empty() {

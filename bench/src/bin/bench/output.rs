@@ -1,11 +1,11 @@
-//! The results for people (tables, the goals, what it means) and for machines
+//! The results for people (tables, the targets, what it means) and for machines
 //! (JSON, CSV, an SVG chart).
 
 use crate::args::Options;
 use crate::gpu::Gpu;
 use crate::overhead::Overhead;
 use crate::results::{Intact, Kind, Row};
-use crate::seed;
+use crate::rows;
 use crate::util::{Stats, fmt_bytes};
 use std::fmt::Write as _;
 
@@ -32,43 +32,15 @@ pub struct Summary<'a> {
     pub line: &'a Row,
     pub file: Option<FileInfo>,
     pub rows: &'a [Row],
-    pub seed: &'a [Row],
+    pub pytorch_rows: &'a [Row],
     pub overhead: Option<&'a Overhead>,
-    pub torch: Option<&'a seed::Torch>,
+    pub torch: Option<&'a rows::Torch>,
 }
 
-/// The H200's figures from the workplace's shared/facts/h200-baseline.md (one run each).
-pub const FACTS: &str = "shared/facts/h200-baseline.md";
+// ---------------------------------------------------------------- targets
 
-/// The facts file's GB/s (and CPU s/GB) for a row, where it measured the same thing.
-fn h200_ref(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "line-rate" => "55.4",
-        "pageable" => "7.9 @0.13",
-        "per-batch-pinned" => "1.6 @0.63",
-        "ring-1" => "5.8 @0.17",
-        "ring-4" => "20.2 @0.20",
-        "ring-8" => "35.0 @0.23",
-        "ring-16" => "44.8 @0.36",
-        "windows" => "20.5-25.1 @0.05",
-        "whole-file" => "55.35 @0.02",
-        "disk-direct" => "1.5-1.8",
-        "seed-cuda" => "7.8 (torch)",
-        "seed-cuda-nb" => "8.0 (torch)",
-        "seed-pin-nb" => "38.8 (torch)",
-        "seed-pin" => "14.9 (torch)",
-        "seed-registered" => "51.3 (torch)",
-        _ => return None,
-    })
-}
-
-const ANCHORS: &str = "H200 anchors (facts file, one run each, 2026-11-29): line rate 55.4 GB/s; 16-thread pinned ring \
-0.81 of it at 0.36 CPU s/GB; sliding registered windows 0.45; PyTorch per-batch pin_memory 0.70 at 0.43 CPU s/GB; \
-cudaHostAlloc 0.34 s/GiB; whole file registered once 55.35 GB/s; disk 1.5-1.8 GB/s.";
-
-// ---------------------------------------------------------------- goals
-
-pub struct Goal {
+/// One of the bench's targets, and whether this run met it.
+pub struct Target {
     pub name: &'static str,
     /// None: not measured in this run.
     pub pass: Option<bool>,
@@ -79,19 +51,19 @@ fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.name == name && r.ok())
 }
 
-pub fn goals(s: &Summary) -> Vec<Goal> {
+pub fn targets(s: &Summary) -> Vec<Target> {
     let mut g = Vec::new();
     let lr = s.line_rate;
     if let Some(f) = &s.file {
         g.push(match find(s.rows, "budget-reuse") {
             Some(r) => {
                 let frac = r.fraction(lr);
-                Goal {
+                Target {
                     name: "registered once, copied again",
                     pass: Some(frac >= 0.98 && r.intact.as_bool() != Some(false)),
                     detail: format!(
                         "data within the pin budget ({}), registered once and copied again: {:.2} GB/s = {frac:.3} of the line rate \
-                         (goal >= 0.98); a pass takes {:.2} ms, {:.2} ms more than the line rate needs",
+                         (target >= 0.98); a pass takes {:.2} ms, {:.2} ms more than the line rate needs",
                         fmt_bytes(r.bytes),
                         r.gbps().median,
                         r.seconds() * 1e3,
@@ -99,28 +71,28 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
                     ),
                 }
             }
-            None => Goal { name: "registered once, copied again", pass: None, detail: "not measured (budget-reuse did not run)".into() },
+            None => Target { name: "registered once, copied again", pass: None, detail: "not measured (budget-reuse did not run)".into() },
         });
         let ratio = f.bytes as f64 / f.budget as f64;
         g.push(match find(s.rows, "auto") {
-            Some(_) if ratio < 7.95 => Goal {
+            Some(_) if ratio < 7.95 => Target {
                 name: "page-cached file 8x the budget",
                 pass: None,
                 detail: format!("not measured: the file is {ratio:.1}x the pin budget (leave --budget at its default)"),
             },
             Some(r) => {
                 let (frac, cpu) = (r.fraction(lr), r.cpu_per_gb());
-                Goal {
+                Target {
                     name: "page-cached file 8x the budget",
                     pass: Some(frac >= 0.90 && cpu <= 0.10 && r.intact.as_bool() != Some(false)),
                     detail: format!(
-                        "page-cached file {ratio:.1}x the pin budget, auto ({}): {:.2} GB/s = {frac:.3} of the line rate (goal >= 0.90) at {cpu:.3} CPU s/GB (goal <= 0.10)",
+                        "page-cached file {ratio:.1}x the pin budget, auto ({}): {:.2} GB/s = {frac:.3} of the line rate (target >= 0.90) at {cpu:.3} CPU s/GB (target <= 0.10)",
                         r.strategy,
                         r.gbps().median
                     ),
                 }
             }
-            None => Goal { name: "page-cached file 8x the budget", pass: None, detail: "not measured (auto did not run)".into() },
+            None => Target { name: "page-cached file 8x the budget", pass: None, detail: "not measured (auto did not run)".into() },
         });
         let disk = find(s.rows, "disk-direct");
         let cold = ["cold-auto", "cold-direct"]
@@ -130,18 +102,18 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
         g.push(match (disk, cold) {
             (Some(d), Some(c)) => {
                 let frac = c.gbps().median / d.gbps().median;
-                Goal {
+                Target {
                     name: "cold file",
                     pass: Some(frac >= 0.90 && c.intact.as_bool() != Some(false)),
                     detail: format!(
-                        "cold file, best cold run ({}): {:.2} GB/s = {frac:.3} of the O_DIRECT read rate of the same disk, {:.2} GB/s (goal >= 0.90)",
+                        "cold file, best cold run ({}): {:.2} GB/s = {frac:.3} of the O_DIRECT read rate of the same disk, {:.2} GB/s (target >= 0.90)",
                         c.name,
                         c.gbps().median,
                         d.gbps().median
                     ),
                 }
             }
-            _ => Goal {
+            _ => Target {
                 name: "cold file",
                 pass: None,
                 detail: "not measured (needs disk-direct and a cold run; see skipped rows)".into(),
@@ -149,17 +121,17 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
         });
     }
     if let Some(o) = s.overhead {
-        g.push(Goal {
+        g.push(Target {
             name: "safe-layer overhead",
-            pass: Some(o.pct <= Overhead::GOAL_PCT),
+            pass: Some(o.pct <= Overhead::TARGET_PCT),
             detail: format!(
                 "safe-layer overhead per 64 KiB async copy: cuda-safe {:.3} us vs raw cuda-sys {:.3} us CPU: {:+.1} % \
-                 (median over {} rounds of safe / raw in the same round; goal <= {} %)",
+                 (median over {} rounds of safe / raw in the same round; target <= {} %)",
                 o.safe_cpu_us.median,
                 o.raw_cpu_us.median,
                 o.pct,
                 o.rounds,
-                Overhead::GOAL_PCT
+                Overhead::TARGET_PCT
             ),
         });
     }
@@ -179,8 +151,8 @@ fn spread(g: Stats) -> String {
 fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
     let _ = writeln!(
         out,
-        "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}  {:<16}",
-        "strategy", "GB/s", "spread", "x line", "CPU s/GB", "peak pinned", "intact", "H200 (facts)"
+        "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
+        "strategy", "GB/s", "spread", "x line", "CPU s/GB", "peak pinned", "intact"
     );
     for r in rows {
         if let Some(e) = &r.error {
@@ -195,15 +167,14 @@ fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
         let frac = if r.kind == Kind::Disk { "-".to_string() } else { num(g.median / line_rate, 2) };
         let _ = writeln!(
             out,
-            "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}  {:<16}",
+            "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
             r.name,
             num(g.median, 2),
             spread(g),
             frac,
             num(r.cpu_per_gb(), 3),
             fmt_bytes(r.peak_pinned),
-            r.intact.short(),
-            h200_ref(&r.name).unwrap_or("")
+            r.intact.short()
         );
     }
 }
@@ -256,8 +227,8 @@ fn explain(out: &mut String, s: &Summary) {
             r.notes.iter().find(|(k, _)| k.starts_with("cudaHostAlloc")).map(|(_, v)| v.as_str()).unwrap_or("?");
         let _ = writeln!(
             out,
-            "  - per-batch-pinned (the seed's way) reached {:.2} GB/s, {:.1}x slower than {}: allocating pinned memory \
-             costs {alloc} s per GiB here (H200: 0.34) and synchronizes the device, more than the copy it serves. \
+            "  - per-batch-pinned (a fresh pinned buffer per batch, as pin_memory() per batch does) reached {:.2} GB/s, \
+             {:.1}x slower than {}: allocating pinned memory costs {alloc} s per GiB here and synchronizes the device, more than the copy it serves. \
              Allocate pinned memory once and reuse it.",
             r.gbps().median,
             times(r),
@@ -292,7 +263,7 @@ fn explain(out: &mut String, s: &Summary) {
         let _ = writeln!(
             out,
             "  - windows reached {:.2} GB/s at {:.3} CPU s/GB: no memcpy (the page cache is registered in place), \
-             but the driver registers and unregisters pages one call at a time (serialized; ~30 GB/s on the H200).",
+             but the driver registers and unregisters pages one call at a time (serialized).",
             r.gbps().median,
             r.cpu_per_gb()
         );
@@ -309,7 +280,7 @@ fn explain(out: &mut String, s: &Summary) {
         let _ = writeln!(
             out,
             "  - whole-file reached {:.2} GB/s for one pass, registering and unregistering {} included{again}; but it \
-             pins the whole file at once, which a machine may refuse (the seed's 68 GiB memmap could not be pinned).",
+             pins the whole file at once, which a machine may refuse for a large file (the memlock limit, RAM).",
             r.gbps().median,
             fmt_bytes(r.bytes)
         );
@@ -390,17 +361,13 @@ pub fn text(s: &Summary) -> String {
         let mut rows: Vec<&Row> = vec![s.line];
         rows.extend(s.rows.iter());
         table_rows(&mut out, &rows, s.line_rate);
-        let _ = writeln!(
-            out,
-            "(x line = fraction of this run's line rate; H200 (facts) = GB/s @ CPU s/GB measured once on the H200 by \
-             the facts file's C probes)"
-        );
+        let _ = writeln!(out, "(x line = fraction of the line rate measured in this run)");
         let _ = writeln!(out, "\nWhat each row does:");
         legend(&mut out, &rows);
         explain(&mut out, s);
     }
-    if !s.seed.is_empty() {
-        seed_text(&mut out, s);
+    if !s.pytorch_rows.is_empty() {
+        rows_text(&mut out, s);
     }
     if let Some(o) = s.overhead {
         let _ = writeln!(
@@ -433,14 +400,14 @@ pub fn text(s: &Summary) -> String {
             o.pct, o.round_pct.min, o.round_pct.max, o.medians_pct
         );
     }
-    let goals = goals(s);
-    if !goals.is_empty() {
+    let targets = targets(s);
+    if !targets.is_empty() {
         let _ = writeln!(
             out,
-            "\nGoals (pinned-mem issue){}:",
+            "\nTargets{}:",
             if s.gpu.emulated { " — EMULATED: these are not GPU measurements" } else { "" }
         );
-        for g in &goals {
+        for g in &targets {
             let tag = match g.pass {
                 Some(true) => "PASS",
                 Some(false) => "MISS",
@@ -449,31 +416,27 @@ pub fn text(s: &Summary) -> String {
             let _ = writeln!(out, "  {tag}  {}", g.detail);
         }
     }
-    let _ = writeln!(
-        out,
-        "\n{ANCHORS}\n(from {FACTS}; measure on your machine with this bench, they are leads, not promises)"
-    );
     if s.gpu.emulated {
         let _ = writeln!(out, "*** {EMULATED} ***");
     }
     out
 }
 
-fn seed_text(out: &mut String, s: &Summary) {
-    let rows = s.seed.first().map_or(0, |r| r.bytes as usize / seed::ROW_BYTES);
+fn rows_text(out: &mut String, s: &Summary) {
+    let rows = s.pytorch_rows.first().map_or(0, |r| r.bytes as usize / rows::ROW_BYTES);
     let _ = writeln!(
         out,
-        "\nThe seed's experiment{}: a = torch.rand({rows}, {}) ({:.2} GB of float32), `for i in a: ...` row by row",
+        "\nPyTorch's row-by-row copy{}: a = torch.rand({rows}, {}) ({:.2} GB of float32), `for i in a: ...` row by row",
         if s.gpu.emulated { " [EMULATED]" } else { "" },
-        seed::COLS,
-        s.seed.first().map_or(0.0, |r| r.bytes as f64 / 1e9)
+        rows::COLS,
+        s.pytorch_rows.first().map_or(0.0, |r| r.bytes as f64 / 1e9)
     );
     let _ = writeln!(
         out,
-        "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}  {:<12}",
-        "variant", "code", "wall ms", "CPU ms", "GB/s", "x line", "intact", "H200 (facts)"
+        "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}",
+        "variant", "code", "wall ms", "CPU ms", "GB/s", "x line", "intact"
     );
-    for r in s.seed {
+    for r in s.pytorch_rows {
         if let Some(e) = &r.error {
             let _ = writeln!(out, "{:<16} {:<50} FAILED: {e}", r.name, r.strategy);
             continue;
@@ -481,42 +444,41 @@ fn seed_text(out: &mut String, s: &Summary) {
         let g = r.gbps();
         let _ = writeln!(
             out,
-            "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}  {:<12}",
+            "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}",
             r.name,
             r.strategy,
             num(r.seconds() * 1e3, 1),
             num(r.cpu_seconds() * 1e3, 1),
             num(g.median, 2),
             num(g.median / s.line_rate, 2),
-            r.intact.short(),
-            h200_ref(&r.name).unwrap_or("")
+            r.intact.short()
         );
     }
-    let refs: Vec<&Row> = s.seed.iter().collect();
+    let refs: Vec<&Row> = s.pytorch_rows.iter().collect();
     legend(out, &refs);
-    if let (Some(pin), Some(reg)) = (find(s.seed, "seed-pin-nb"), find(s.seed, "seed-registered")) {
+    if let (Some(pin), Some(reg)) = (find(s.pytorch_rows, "rows-pin-nb"), find(s.pytorch_rows, "rows-registered")) {
         let _ = writeln!(
             out,
-            "Pinning a new buffer for every row (seed-pin-nb) is {:.1}x slower than pinning the tensor once \
-             (seed-registered): the pinning, not the copy, is what is slow.",
+            "Pinning a new buffer for every row (rows-pin-nb) is {:.1}x slower than pinning the tensor once \
+             (rows-registered): the pinning, not the copy, is what is slow.",
             reg.gbps().median / pin.gbps().median
         );
     }
     let _ = writeln!(
         out,
-        "seed-pin*: a fresh cudaHostAlloc per row, as the seed's answer describes (cuda-safe's PinnedBuffer::new also\n\
-         zero-fills it); PyTorch 2.11 caches pinned blocks and copies with many threads instead: see its own table."
+        "rows-pin*: a fresh cudaHostAlloc per row (cuda-safe's PinnedBuffer::new also zero-fills it); PyTorch's\n\
+         pin_memory() may cache pinned blocks and copy with several threads instead: see its own table."
     );
     match s.torch {
         Some(t) => {
-            let _ = writeln!(out, "\nPyTorch's own run of the same (bench/torch_seed.py):");
+            let _ = writeln!(out, "\nPyTorch's own run of the same (bench/torch_rows.py):");
             for l in t.text.lines() {
                 let _ = writeln!(out, "  {l}");
             }
         }
         None => {
             let _ =
-                writeln!(out, "PyTorch's own run of the same: python3 bench/torch_seed.py (needs torch and a GPU).");
+                writeln!(out, "PyTorch's own run of the same: python3 bench/torch_rows.py (needs torch and a GPU).");
         }
     }
 }
@@ -634,7 +596,6 @@ fn row_json(r: &Row, line_rate: f64) -> Json {
         ),
         ("error", opt(r.error.as_deref(), s)),
         ("skipped", opt(r.skipped.as_deref(), s)),
-        ("h200_reference", opt(h200_ref(&r.name), s)),
         (
             "samples",
             Json::Arr(
@@ -694,7 +655,7 @@ pub fn json(sm: &Summary) -> String {
             }),
         ),
         ("results", Json::Arr(sm.rows.iter().map(|r| row_json(r, sm.line_rate)).collect())),
-        ("seed", Json::Arr(sm.seed.iter().map(|r| row_json(r, sm.line_rate)).collect())),
+        ("pytorch_rows", Json::Arr(sm.pytorch_rows.iter().map(|r| row_json(r, sm.line_rate)).collect())),
         (
             "overhead",
             opt(sm.overhead, |o| {
@@ -715,13 +676,13 @@ pub fn json(sm: &Summary) -> String {
             }),
         ),
         (
-            "torch_seed",
+            "torch_rows",
             opt(sm.torch, |t| Json::Obj(vec![("output", s(&t.text)), ("results", opt(t.json.clone(), Json::Raw))])),
         ),
         (
-            "goals",
+            "targets",
             Json::Arr(
-                goals(sm)
+                targets(sm)
                     .into_iter()
                     .map(|g| {
                         Json::Obj(vec![("name", s(g.name)), ("pass", opt(g.pass, Json::Bool)), ("detail", s(g.detail))])
@@ -729,7 +690,6 @@ pub fn json(sm: &Summary) -> String {
                     .collect(),
             ),
         ),
-        ("anchors", s(ANCHORS)),
     ]);
     let mut out = String::new();
     doc.write(&mut out, 0);
@@ -748,7 +708,7 @@ pub fn csv(sm: &Summary) -> String {
         "kind,name,description,strategy,bytes,reps,gbps_median,gbps_min,gbps_max,fraction_of_line_rate,cpu_s_per_gb,peak_pinned_bytes,intact,error,emulated\n",
     );
     let cell = |v: f64| if v.is_finite() { format!("{v:.6}") } else { String::new() };
-    for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.seed) {
+    for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.pytorch_rows) {
         let g = r.gbps();
         let frac = if r.kind == Kind::Disk { String::new() } else { cell(g.median / sm.line_rate) };
         let intact = r.intact.as_bool().map_or(String::new(), |b| b.to_string());
@@ -791,7 +751,7 @@ fn xml(v: &str) -> String {
 
 /// A horizontal bar chart of GB/s per run, whiskers at min-max, a line at the line rate.
 pub fn svg(sm: &Summary) -> String {
-    let bars: Vec<&Row> = std::iter::once(sm.line).chain(sm.rows).chain(sm.seed).filter(|r| r.ok()).collect();
+    let bars: Vec<&Row> = std::iter::once(sm.line).chain(sm.rows).chain(sm.pytorch_rows).filter(|r| r.ok()).collect();
     let (left, width, bar_h, gap, top) = (190.0, 640.0, 20.0, 8.0, 80.0);
     let max = bars.iter().map(|r| r.gbps().max).fold(sm.line_rate, f64::max).max(1e-9) * 1.12;
     let x = |v: f64| left + v / max * width;
@@ -819,7 +779,7 @@ pub fn svg(sm: &Summary) -> String {
         ("#2b6cb0", "line rate"),
         ("#38a169", "file to GPU"),
         ("#a0aec0", "disk alone (O_DIRECT)"),
-        ("#dd6b20", "the seed's experiment"),
+        ("#dd6b20", "PyTorch's row-by-row copy"),
         ("#e53e3e", "data damaged"),
     ] {
         let _ = writeln!(
@@ -835,7 +795,7 @@ pub fn svg(sm: &Summary) -> String {
         let color = match r.kind {
             Kind::LineRate => "#2b6cb0",
             Kind::Disk => "#a0aec0",
-            Kind::Seed => "#dd6b20",
+            Kind::Rows => "#dd6b20",
             Kind::Stream if r.intact.as_bool() == Some(false) => "#e53e3e",
             Kind::Stream => "#38a169",
         };

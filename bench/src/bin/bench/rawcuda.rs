@@ -1,6 +1,6 @@
 //! The only raw CUDA calls of the bench: what cuda-safe deliberately does not
 //! offer (copies from pageable memory into part of a buffer, asynchronous
-//! copies from pageable memory, as the seed's `i.cuda()` and
+//! copies from pageable memory, as PyTorch's `i.cuda()` and
 //! `i.cuda(non_blocking=True)` do) and the raw baseline of the overhead
 //! microbenchmark. Each function waits for its copies before it returns, so the
 //! borrows it takes cover the whole time CUDA may touch the memory.
@@ -34,7 +34,7 @@ fn in_bounds(dst: &DeviceBuffer<u8>, at: usize, n: usize) -> Result<()> {
 }
 
 /// Copies each `(offset in dst, pageable source)` with a synchronous
-/// `cudaMemcpy` (the seed's `i.cuda()`), calling `each(bytes)` after each, and
+/// `cudaMemcpy` (PyTorch's `i.cuda()`), calling `each(bytes)` after each, and
 /// waits for the device before returning.
 pub fn copy_pageable<'a>(
     dst: &mut DeviceBuffer<u8>,
@@ -71,7 +71,7 @@ pub fn copy_pageable<'a>(
 }
 
 /// Copies each `(offset in dst, pageable source)` with `cudaMemcpyAsync` on
-/// `stream` (the seed's `i.cuda(non_blocking=True)`), then waits for the stream.
+/// `stream` (PyTorch's `i.cuda(non_blocking=True)`), then waits for the stream.
 pub fn copy_pageable_async<'a>(
     stream: &Stream,
     dst: &mut DeviceBuffer<u8>,

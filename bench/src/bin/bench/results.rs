@@ -10,8 +10,8 @@ pub enum Kind {
     Stream,
     /// The disk alone, no GPU.
     Disk,
-    /// The seed's experiment.
-    Seed,
+    /// The PyTorch row-by-row experiment (`--pytorch-rows`).
+    Rows,
 }
 
 impl Kind {
@@ -20,7 +20,7 @@ impl Kind {
             Kind::LineRate => "line-rate",
             Kind::Stream => "stream",
             Kind::Disk => "disk",
-            Kind::Seed => "seed",
+            Kind::Rows => "pytorch-rows",
         }
     }
 }
@@ -89,7 +89,7 @@ pub struct Row {
     pub error: Option<String>,
     /// The run was skipped, and why (not a failure).
     pub skipped: Option<String>,
-    /// More facts worth printing (name, value).
+    /// More details worth printing (name, value).
     pub notes: Vec<(String, String)>,
 }
 

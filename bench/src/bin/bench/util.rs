@@ -1,4 +1,4 @@
-//! Small helpers: the bench's error type, host facts, sizes, statistics.
+//! Small helpers: the bench's error type, what the host has, sizes, statistics.
 
 use std::fmt;
 use std::path::Path;

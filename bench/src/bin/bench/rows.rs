@@ -1,5 +1,9 @@
-//! `--seed`: the seed's experiment, `a = torch.rand(1024, 655360)` copied to
-//! the GPU row by row, in the seed's four ways and ours.
+//! `--pytorch-rows`: PyTorch's row-by-row copy, `a = torch.rand(1024, 655360)`
+//! (1024 rows of 2.5 MiB of float32) sent to the GPU one row at a time, the
+//! ways PyTorch code does it (pageable `i.cuda()`, a fresh pinned buffer per
+//! row with `i.pin_memory()`) and ours (pinned memory allocated or registered
+//! once); and PyTorch's own run of the same, through `bench/torch_rows.py`,
+//! where torch is importable.
 
 use crate::checksum;
 use crate::data::fill_pattern;
@@ -17,15 +21,15 @@ pub const ROWS: usize = 1024;
 pub const COLS: usize = 655_360;
 pub const ROW_BYTES: usize = COLS * 4;
 
-/// The PyTorch code each variant stands for (None: ours).
+/// The PyTorch code each variant stands for, or "(ours) ...".
 pub fn torch_code(name: &str) -> &'static str {
     match name {
-        "seed-cuda" => "i.cuda()",
-        "seed-cuda-nb" => "i.cuda(non_blocking=True)",
-        "seed-pin-nb" => "i.pin_memory().cuda(non_blocking=True), no cache",
-        "seed-pin" => "i.pin_memory().cuda(), no cache",
-        "seed-ring" => "(ours) 4-slot pinned ring, allocated once",
-        "seed-registered" => "(ours) whole tensor registered once",
+        "rows-cuda" => "i.cuda()",
+        "rows-cuda-nb" => "i.cuda(non_blocking=True)",
+        "rows-pin-nb" => "i.pin_memory().cuda(non_blocking=True), no cache",
+        "rows-pin" => "i.pin_memory().cuda(), no cache",
+        "rows-ring" => "(ours) 4-slot pinned ring, allocated once",
+        "rows-registered" => "(ours) whole tensor registered once",
         _ => "",
     }
 }
@@ -39,18 +43,18 @@ fn fill_rows(host: &mut [u8], threads: usize) {
     });
 }
 
-/// The seed's variants, then ours; every variant's median of `b.reps` runs.
-/// Rows used: the seed's 1024, or 128 with --quick.
-pub fn rows(quick: bool) -> usize {
+/// Rows used: 1024, or 128 with --quick.
+pub fn row_count(quick: bool) -> usize {
     if quick { 128 } else { ROWS }
 }
 
+/// PyTorch's variants, then ours; every variant's median of `b.reps` runs.
 pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
-    let rows = rows(b.opts.quick);
+    let rows = row_count(b.opts.quick);
     let total = rows * ROW_BYTES;
     let dev = b.gpu.device;
     b.progress.note(&format!(
-        "seed experiment: {rows} rows x {COLS} float32 ({:.2} GB) in host memory, copied row by row",
+        "row-by-row experiment: {rows} rows x {COLS} float32 ({:.2} GB) in host memory, copied row by row",
         total as f64 / 1e9
     ));
     let mut host = vec![0u8; total].into_boxed_slice();
@@ -68,7 +72,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
                        dst: &mut DeviceBuffer<u8>,
                        body: &mut dyn FnMut(&mut Bench, &mut DeviceBuffer<u8>) -> Result<()>|
      -> Result<()> {
-        let mut row = Row::new(name, Kind::Seed, what, total as u64);
+        let mut row = Row::new(name, Kind::Rows, what, total as u64);
         row.strategy = torch_code(name).to_string();
         row.peak_pinned = peak;
         let r = (|| -> Result<()> {
@@ -113,15 +117,15 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     let rb = ROW_BYTES as u64;
     {
         let host: &[u8] = &host;
-        measure(b, "seed-cuda", "pageable cudaMemcpy per row", 0, &mut dst, &mut |_, dst| {
+        measure(b, "rows-cuda", "pageable cudaMemcpy per row", 0, &mut dst, &mut |_, dst| {
             rawcuda::copy_pageable(dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])), |_| {})
         })?;
-        measure(b, "seed-cuda-nb", "pageable cudaMemcpyAsync per row", 0, &mut dst, &mut |b, dst| {
+        measure(b, "rows-cuda-nb", "pageable cudaMemcpyAsync per row", 0, &mut dst, &mut |b, dst| {
             rawcuda::copy_pageable_async(&b.stream, dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])))
         })?;
         measure(
             b,
-            "seed-pin-nb",
+            "rows-pin-nb",
             "per row: cudaHostAlloc + memcpy + async copy; freed after the next row is queued",
             2 * rb,
             &mut dst,
@@ -139,7 +143,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
         )?;
         measure(
             b,
-            "seed-pin",
+            "rows-pin",
             "per row: cudaHostAlloc + memcpy + copy, wait, cudaFreeHost",
             rb,
             &mut dst,
@@ -158,7 +162,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
         }
         measure(
             b,
-            "seed-ring",
+            "rows-ring",
             "4 pinned row slots allocated once, memcpy + async copy",
             4 * rb,
             &mut dst,
@@ -177,8 +181,8 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     let t = Instant::now();
     match HostRegistration::try_new(host, RegisterFlags::default()) {
         Err((e, _host)) => {
-            let mut row = Row::new("seed-registered", Kind::Seed, "whole tensor registered once", total as u64);
-            row.strategy = torch_code("seed-registered").into();
+            let mut row = Row::new("rows-registered", Kind::Rows, "whole tensor registered once", total as u64);
+            row.strategy = torch_code("rows-registered").into();
             row.error = Some(format!("cudaHostRegister of the whole tensor: {e}"));
             out.push(row);
         }
@@ -186,7 +190,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
             let reg_s = t.elapsed().as_secs_f64();
             measure(
                 b,
-                "seed-registered",
+                "rows-registered",
                 "whole tensor registered once (cudaHostRegister), async copy per row",
                 total as u64,
                 &mut dst,
@@ -210,7 +214,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-/// PyTorch's own run of the same experiment (`bench/torch_seed.py`).
+/// PyTorch's own run of the same experiment (`bench/torch_rows.py`).
 pub struct Torch {
     /// What it printed (its table), or why it did not run.
     pub text: String,
@@ -219,17 +223,17 @@ pub struct Torch {
 }
 
 /// The script, built into the binary so that the bench runs it from any folder.
-const SCRIPT: &str = include_str!("../../../torch_seed.py");
+const SCRIPT: &str = include_str!("../../../torch_rows.py");
 
 /// Writes the script into a new temporary folder, which also receives its JSON.
 fn script_dir() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
     let dir = tempfile::Builder::new().prefix("wirespeed-torch-").tempdir()?;
-    let script = dir.path().join("torch_seed.py");
+    let script = dir.path().join("torch_rows.py");
     std::fs::write(&script, SCRIPT)?;
     Ok((dir, script))
 }
 
-/// Runs torch_seed.py with the same rows and repetitions, so that one run
+/// Runs torch_rows.py with the same rows and repetitions, so that one run
 /// prints both tables. It skips itself (exit 0) where torch or a GPU is missing.
 pub fn torch(b: &Bench, rows: usize) -> Torch {
     if b.gpu.emulated {
@@ -247,7 +251,7 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
     let json_path = dir.path().join("results.json");
     let (rows_s, reps_s) = (rows.to_string(), b.reps.to_string());
     b.progress
-        .note(&format!("running PyTorch's own version: python3 bench/torch_seed.py --rows {rows_s} --reps {reps_s}"));
+        .note(&format!("running PyTorch's own version: python3 bench/torch_rows.py --rows {rows_s} --reps {reps_s}"));
     let out = Command::new("python3")
         .arg(&script)
         .args(["--rows", &rows_s, "--reps", &reps_s, "--json"])
@@ -260,7 +264,7 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
         Ok(o) => {
             let mut text = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
             if !o.status.success() {
-                text.push_str(&format!("\n(torch_seed.py exited with {})", o.status));
+                text.push_str(&format!("\n(torch_rows.py exited with {})", o.status));
             }
             let json = std::fs::read_to_string(&json_path).ok().filter(|j| j.trim_start().starts_with('{'));
             Torch { text, json }
