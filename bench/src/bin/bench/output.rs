@@ -4,9 +4,10 @@
 use crate::args::Options;
 use crate::gpu::Gpu;
 use crate::overhead::Overhead;
-use crate::results::{Intact, Kind, Row};
+use crate::results::{Intact, Kind, Row, Sample};
 use crate::rows;
 use crate::util::{Stats, fmt_bytes};
+use serde::Serialize;
 use std::fmt::Write as _;
 
 pub const EMULATED: &str = "EMULATED — numbers are not GPU measurements";
@@ -485,214 +486,194 @@ fn rows_text(out: &mut String, s: &Summary) {
 
 // ---------------------------------------------------------------- JSON
 
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Int(u64),
-    Str(String),
-    /// Already-serialized JSON, inserted as it is.
-    Raw(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(&'static str, Json)>),
+/// One run, as results.json has it.
+#[derive(Serialize)]
+struct RowJson<'a> {
+    name: &'a str,
+    kind: &'static str,
+    description: &'a str,
+    strategy: &'a str,
+    bytes: u64,
+    gbps_median: f64,
+    gbps_min: f64,
+    gbps_max: f64,
+    /// None for the disk alone (no GPU).
+    fraction_of_line_rate: Option<f64>,
+    cpu_s_per_gb: f64,
+    seconds_median: f64,
+    cpu_seconds_median: f64,
+    peak_pinned_bytes: u64,
+    registrations: Option<u64>,
+    intact: Option<bool>,
+    checksum: String,
+    error: Option<&'a str>,
+    skipped: Option<&'a str>,
+    samples: &'a [Sample],
+    notes: &'a [(String, String)],
 }
 
-fn s(v: impl Into<String>) -> Json {
-    Json::Str(v.into())
-}
-
-fn f(v: f64) -> Json {
-    if v.is_finite() { Json::Num(v) } else { Json::Null }
-}
-
-fn opt<T>(v: Option<T>, g: impl FnOnce(T) -> Json) -> Json {
-    v.map_or(Json::Null, g)
-}
-
-fn escape(out: &mut String, v: &str) {
-    out.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-impl Json {
-    fn write(&self, out: &mut String, indent: usize) {
-        let pad = |out: &mut String, n: usize| out.extend(std::iter::repeat_n(' ', n));
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Num(v) => {
-                let _ = write!(out, "{v}");
-            }
-            Json::Int(v) => {
-                let _ = write!(out, "{v}");
-            }
-            Json::Str(v) => escape(out, v),
-            Json::Raw(v) => out.push_str(v.trim()),
-            Json::Arr(items) if items.is_empty() => out.push_str("[]"),
-            Json::Arr(items) => {
-                out.push_str("[\n");
-                for (i, it) in items.iter().enumerate() {
-                    pad(out, indent + 2);
-                    it.write(out, indent + 2);
-                    out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
-                }
-                pad(out, indent);
-                out.push(']');
-            }
-            Json::Obj(fields) => {
-                out.push_str("{\n");
-                for (i, (k, v)) in fields.iter().enumerate() {
-                    pad(out, indent + 2);
-                    escape(out, k);
-                    out.push_str(": ");
-                    v.write(out, indent + 2);
-                    out.push_str(if i + 1 < fields.len() { ",\n" } else { "\n" });
-                }
-                pad(out, indent);
-                out.push('}');
-            }
-        }
-    }
-}
-
-fn row_json(r: &Row, line_rate: f64) -> Json {
-    let g = r.gbps();
-    Json::Obj(vec![
-        ("name", s(&r.name)),
-        ("kind", s(r.kind.name())),
-        ("description", s(&r.what)),
-        ("strategy", s(&r.strategy)),
-        ("bytes", Json::Int(r.bytes)),
-        ("gbps_median", f(g.median)),
-        ("gbps_min", f(g.min)),
-        ("gbps_max", f(g.max)),
-        ("fraction_of_line_rate", if r.kind == Kind::Disk { Json::Null } else { f(g.median / line_rate) }),
-        ("cpu_s_per_gb", f(r.cpu_per_gb())),
-        ("seconds_median", f(r.seconds())),
-        ("cpu_seconds_median", f(r.cpu_seconds())),
-        ("peak_pinned_bytes", Json::Int(r.peak_pinned)),
-        ("registrations", opt(r.registrations, Json::Int)),
-        ("intact", opt(r.intact.as_bool(), Json::Bool)),
-        (
-            "checksum",
-            match &r.intact {
-                Intact::Yes(c) | Intact::No { got: c, .. } => s(format!("{c:#018x}")),
-                Intact::Verified(_) => s("read back and compared by the library after each copy (scratch buffer)"),
-                Intact::Unchecked(why) => s(format!("not checked: {why}")),
+impl<'a> RowJson<'a> {
+    fn new(r: &'a Row, line_rate: f64) -> Self {
+        let g = r.gbps();
+        RowJson {
+            name: &r.name,
+            kind: r.kind.name(),
+            description: &r.what,
+            strategy: &r.strategy,
+            bytes: r.bytes,
+            gbps_median: g.median,
+            gbps_min: g.min,
+            gbps_max: g.max,
+            fraction_of_line_rate: (r.kind != Kind::Disk).then(|| g.median / line_rate),
+            cpu_s_per_gb: r.cpu_per_gb(),
+            seconds_median: r.seconds(),
+            cpu_seconds_median: r.cpu_seconds(),
+            peak_pinned_bytes: r.peak_pinned,
+            registrations: r.registrations,
+            intact: r.intact.as_bool(),
+            checksum: match &r.intact {
+                Intact::Yes(c) | Intact::No { got: c, .. } => format!("{c:#018x}"),
+                Intact::Verified(_) => "read back and compared by the library after each copy (scratch buffer)".into(),
+                Intact::Unchecked(why) => format!("not checked: {why}"),
             },
-        ),
-        ("error", opt(r.error.as_deref(), s)),
-        ("skipped", opt(r.skipped.as_deref(), s)),
-        (
-            "samples",
-            Json::Arr(
-                r.samples
-                    .iter()
-                    .map(|x| Json::Obj(vec![("seconds", f(x.seconds)), ("cpu_seconds", f(x.cpu_seconds))]))
-                    .collect(),
-            ),
-        ),
-        ("notes", Json::Arr(r.notes.iter().map(|(k, v)| Json::Arr(vec![s(k), s(v)])).collect())),
-    ])
+            error: r.error.as_deref(),
+            skipped: r.skipped.as_deref(),
+            samples: &r.samples,
+            notes: &r.notes,
+        }
+    }
 }
 
+#[derive(Serialize)]
+struct DeviceJson<'a> {
+    ordinal: usize,
+    name: &'a str,
+    runtime_version: i32,
+    driver_version: i32,
+    runtime_path: &'a str,
+    memory_free_bytes: u64,
+    memory_total_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct ConfigJson {
+    reps: usize,
+    threads: usize,
+    quick: bool,
+    cores: usize,
+}
+
+#[derive(Serialize)]
+struct FileJson<'a> {
+    path: &'a str,
+    bytes: u64,
+    demo: bool,
+    checksum: String,
+    pin_budget_bytes: u64,
+    destination: &'a str,
+    notes: &'a [String],
+}
+
+#[derive(Serialize)]
+struct OverheadJson {
+    copy_bytes: usize,
+    copies_each: usize,
+    rounds: usize,
+    safe_cpu_us_per_copy: Stats,
+    raw_cpu_us_per_copy: Stats,
+    raw_set_device_cpu_us_per_copy: Stats,
+    safe_wall_us_per_copy: Stats,
+    raw_wall_us_per_copy: Stats,
+    round_overhead_pct: Stats,
+    overhead_pct: f64,
+    medians_overhead_pct: f64,
+    cpu: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct TorchJson<'a> {
+    /// What the script printed, or why it did not run.
+    output: &'a str,
+    /// The JSON the script wrote, as it wrote it.
+    results: Option<&'a serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct TargetJson {
+    name: &'static str,
+    pass: Option<bool>,
+    detail: String,
+}
+
+/// The whole of results.json (and of `--json`).
+#[derive(Serialize)]
+struct Doc<'a> {
+    tool: &'static str,
+    version: &'static str,
+    emulated: bool,
+    label: Option<&'static str>,
+    device: DeviceJson<'a>,
+    config: ConfigJson,
+    line_rate_gbps: f64,
+    line_rate: RowJson<'a>,
+    file: Option<FileJson<'a>>,
+    results: Vec<RowJson<'a>>,
+    pytorch_rows: Vec<RowJson<'a>>,
+    overhead: Option<OverheadJson>,
+    torch_rows: Option<TorchJson<'a>>,
+    targets: Vec<TargetJson>,
+}
+
+/// The results as JSON (numbers that are not finite are null).
 pub fn json(sm: &Summary) -> String {
     let gpu = sm.gpu;
-    let stats_json = |st: Stats| Json::Obj(vec![("median", f(st.median)), ("min", f(st.min)), ("max", f(st.max))]);
-    let doc = Json::Obj(vec![
-        ("tool", s("wirespeed-bench")),
-        ("version", s(env!("CARGO_PKG_VERSION"))),
-        ("emulated", Json::Bool(gpu.emulated)),
-        ("label", if gpu.emulated { s(EMULATED) } else { Json::Null }),
-        (
-            "device",
-            Json::Obj(vec![
-                ("ordinal", Json::Int(gpu.device.ordinal() as u64)),
-                ("name", s(&gpu.name)),
-                ("runtime_version", Json::Int(gpu.runtime_version.max(0) as u64)),
-                ("driver_version", Json::Int(gpu.driver_version.max(0) as u64)),
-                ("runtime_path", s(&gpu.runtime_path)),
-                ("memory_free_bytes", Json::Int(gpu.free)),
-                ("memory_total_bytes", Json::Int(gpu.total)),
-            ]),
-        ),
-        (
-            "config",
-            Json::Obj(vec![
-                ("reps", Json::Int(sm.reps as u64)),
-                ("threads", Json::Int(sm.threads as u64)),
-                ("quick", Json::Bool(sm.opts.quick)),
-                ("cores", Json::Int(crate::util::cores() as u64)),
-            ]),
-        ),
-        ("line_rate_gbps", f(sm.line_rate)),
-        ("line_rate", row_json(sm.line, sm.line_rate)),
-        (
-            "file",
-            opt(sm.file.as_ref(), |fi| {
-                Json::Obj(vec![
-                    ("path", s(&fi.path)),
-                    ("bytes", Json::Int(fi.bytes)),
-                    ("demo", Json::Bool(fi.demo)),
-                    ("checksum", s(format!("{:#018x}", fi.checksum))),
-                    ("pin_budget_bytes", Json::Int(fi.budget)),
-                    ("destination", s(&fi.destination)),
-                    ("notes", Json::Arr(fi.notes.iter().map(s).collect())),
-                ])
-            }),
-        ),
-        ("results", Json::Arr(sm.rows.iter().map(|r| row_json(r, sm.line_rate)).collect())),
-        ("pytorch_rows", Json::Arr(sm.pytorch_rows.iter().map(|r| row_json(r, sm.line_rate)).collect())),
-        (
-            "overhead",
-            opt(sm.overhead, |o| {
-                Json::Obj(vec![
-                    ("copy_bytes", Json::Int(crate::overhead::COPY_BYTES as u64)),
-                    ("copies_each", Json::Int(o.copies() as u64)),
-                    ("rounds", Json::Int(o.rounds as u64)),
-                    ("safe_cpu_us_per_copy", stats_json(o.safe_cpu_us)),
-                    ("raw_cpu_us_per_copy", stats_json(o.raw_cpu_us)),
-                    ("raw_set_device_cpu_us_per_copy", stats_json(o.raw_set_cpu_us)),
-                    ("safe_wall_us_per_copy", stats_json(o.safe_wall_us)),
-                    ("raw_wall_us_per_copy", stats_json(o.raw_wall_us)),
-                    ("round_overhead_pct", stats_json(o.round_pct)),
-                    ("overhead_pct", f(o.pct)),
-                    ("medians_overhead_pct", f(o.medians_pct)),
-                    ("cpu", opt(o.cpu, |c| Json::Int(c as u64))),
-                ])
-            }),
-        ),
-        (
-            "torch_rows",
-            opt(sm.torch, |t| Json::Obj(vec![("output", s(&t.text)), ("results", opt(t.json.clone(), Json::Raw))])),
-        ),
-        (
-            "targets",
-            Json::Arr(
-                targets(sm)
-                    .into_iter()
-                    .map(|g| {
-                        Json::Obj(vec![("name", s(g.name)), ("pass", opt(g.pass, Json::Bool)), ("detail", s(g.detail))])
-                    })
-                    .collect(),
-            ),
-        ),
-    ]);
-    let mut out = String::new();
-    doc.write(&mut out, 0);
+    let doc = Doc {
+        tool: "wirespeed-bench",
+        version: env!("CARGO_PKG_VERSION"),
+        emulated: gpu.emulated,
+        label: gpu.emulated.then_some(EMULATED),
+        device: DeviceJson {
+            ordinal: gpu.device.ordinal(),
+            name: &gpu.name,
+            runtime_version: gpu.runtime_version.max(0),
+            driver_version: gpu.driver_version.max(0),
+            runtime_path: &gpu.runtime_path,
+            memory_free_bytes: gpu.free,
+            memory_total_bytes: gpu.total,
+        },
+        config: ConfigJson { reps: sm.reps, threads: sm.threads, quick: sm.opts.quick, cores: crate::util::cores() },
+        line_rate_gbps: sm.line_rate,
+        line_rate: RowJson::new(sm.line, sm.line_rate),
+        file: sm.file.as_ref().map(|fi| FileJson {
+            path: &fi.path,
+            bytes: fi.bytes,
+            demo: fi.demo,
+            checksum: format!("{:#018x}", fi.checksum),
+            pin_budget_bytes: fi.budget,
+            destination: &fi.destination,
+            notes: &fi.notes,
+        }),
+        results: sm.rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),
+        pytorch_rows: sm.pytorch_rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),
+        overhead: sm.overhead.map(|o| OverheadJson {
+            copy_bytes: crate::overhead::COPY_BYTES,
+            copies_each: o.copies(),
+            rounds: o.rounds,
+            safe_cpu_us_per_copy: o.safe_cpu_us,
+            raw_cpu_us_per_copy: o.raw_cpu_us,
+            raw_set_device_cpu_us_per_copy: o.raw_set_cpu_us,
+            safe_wall_us_per_copy: o.safe_wall_us,
+            raw_wall_us_per_copy: o.raw_wall_us,
+            round_overhead_pct: o.round_pct,
+            overhead_pct: o.pct,
+            medians_overhead_pct: o.medians_pct,
+            cpu: o.cpu,
+        }),
+        torch_rows: sm.torch.map(|t| TorchJson { output: &t.text, results: t.json.as_ref() }),
+        targets: targets(sm).into_iter().map(|g| TargetJson { name: g.name, pass: g.pass, detail: g.detail }).collect(),
+    };
+    // Serializing plain structs of strings and numbers cannot fail.
+    let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
     out.push('\n');
     out
 }
@@ -857,4 +838,20 @@ pub fn svg(sm: &Summary) -> String {
     );
     o.push_str("</svg>\n");
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_json_has_null_for_what_was_not_measured() {
+        let row = Row::skipped("disk-direct", Kind::Disk, "O_DIRECT reads", "the file is on tmpfs");
+        let v = serde_json::to_value(RowJson::new(&row, 10.0)).unwrap();
+        assert_eq!(v["name"], "disk-direct");
+        assert_eq!(v["kind"], "disk");
+        assert!(v["gbps_median"].is_null() && v["fraction_of_line_rate"].is_null() && v["intact"].is_null());
+        assert_eq!(v["skipped"], "the file is on tmpfs");
+        assert_eq!(v["samples"], serde_json::json!([]));
+    }
 }

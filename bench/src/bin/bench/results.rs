@@ -64,7 +64,7 @@ impl Intact {
 }
 
 /// One repetition: wall seconds and process CPU seconds.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Sample {
     pub seconds: f64,
     pub cpu_seconds: f64,

@@ -219,7 +219,7 @@ pub struct Torch {
     /// What it printed (its table), or why it did not run.
     pub text: String,
     /// The JSON it wrote, when it ran.
-    pub json: Option<String>,
+    pub json: Option<serde_json::Value>,
 }
 
 /// The script, built into the binary so that the bench runs it from any folder.
@@ -266,7 +266,7 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
             if !o.status.success() {
                 text.push_str(&format!("\n(torch_rows.py exited with {})", o.status));
             }
-            let json = std::fs::read_to_string(&json_path).ok().filter(|j| j.trim_start().starts_with('{'));
+            let json = std::fs::read(&json_path).ok().and_then(|j| serde_json::from_slice(&j).ok());
             Torch { text, json }
         }
     } // the folder is removed here

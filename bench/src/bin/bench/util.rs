@@ -91,7 +91,7 @@ pub fn fmt_bytes(n: u64) -> String {
 }
 
 /// Median, minimum and maximum of some values.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Stats {
     pub median: f64,
     pub min: f64,
