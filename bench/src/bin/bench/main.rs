@@ -123,7 +123,7 @@ fn run(opts: Options) -> Result<ExitCode> {
     if let Some(dir) = &opts.out {
         for (name, body) in [
             ("results.json", output::json(&summary)),
-            ("results.csv", output::csv(&summary)),
+            ("results.csv", output::csv(&summary)?),
             ("chart.svg", output::svg(&summary)),
         ] {
             let p = dir.join(name);

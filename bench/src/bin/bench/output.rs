@@ -6,7 +6,7 @@ use crate::gpu::Gpu;
 use crate::overhead::Overhead;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::rows;
-use crate::util::{Stats, fmt_bytes};
+use crate::util::{Fatal, Result, Stats, fmt_bytes};
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -680,48 +680,78 @@ pub fn json(sm: &Summary) -> String {
 
 // ---------------------------------------------------------------- CSV
 
-fn csv_field(v: &str) -> String {
-    if v.contains([',', '"', '\n']) { format!("\"{}\"", v.replace('"', "\"\"")) } else { v.to_string() }
+/// One line of results.csv; empty cells for what was not measured.
+#[derive(Serialize)]
+struct CsvRow<'a> {
+    kind: &'a str,
+    name: &'a str,
+    description: &'a str,
+    strategy: &'a str,
+    bytes: Option<u64>,
+    reps: usize,
+    gbps_median: Option<f64>,
+    gbps_min: Option<f64>,
+    gbps_max: Option<f64>,
+    fraction_of_line_rate: Option<f64>,
+    cpu_s_per_gb: Option<f64>,
+    peak_pinned_bytes: Option<u64>,
+    intact: Option<bool>,
+    error: Option<String>,
+    emulated: bool,
 }
 
-pub fn csv(sm: &Summary) -> String {
-    let mut out = String::from(
-        "kind,name,description,strategy,bytes,reps,gbps_median,gbps_min,gbps_max,fraction_of_line_rate,cpu_s_per_gb,peak_pinned_bytes,intact,error,emulated\n",
-    );
-    let cell = |v: f64| if v.is_finite() { format!("{v:.6}") } else { String::new() };
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+/// The results as CSV: one line per run, and one for the overhead microbenchmark.
+pub fn csv(sm: &Summary) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
     for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.pytorch_rows) {
         let g = r.gbps();
-        let frac = if r.kind == Kind::Disk { String::new() } else { cell(g.median / sm.line_rate) };
-        let intact = r.intact.as_bool().map_or(String::new(), |b| b.to_string());
-        let err = r.error.clone().or_else(|| r.skipped.as_ref().map(|s| format!("skipped: {s}"))).unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            r.kind.name(),
-            csv_field(&r.name),
-            csv_field(&r.what),
-            csv_field(&r.strategy),
-            r.bytes,
-            r.samples.len(),
-            cell(g.median),
-            cell(g.min),
-            cell(g.max),
-            frac,
-            cell(r.cpu_per_gb()),
-            r.peak_pinned,
-            intact,
-            csv_field(&err),
-            sm.gpu.emulated
-        );
+        w.serialize(CsvRow {
+            kind: r.kind.name(),
+            name: &r.name,
+            description: &r.what,
+            strategy: &r.strategy,
+            bytes: Some(r.bytes),
+            reps: r.samples.len(),
+            gbps_median: finite(g.median),
+            gbps_min: finite(g.min),
+            gbps_max: finite(g.max),
+            fraction_of_line_rate: if r.kind == Kind::Disk { None } else { finite(g.median / sm.line_rate) },
+            cpu_s_per_gb: finite(r.cpu_per_gb()),
+            peak_pinned_bytes: Some(r.peak_pinned),
+            intact: r.intact.as_bool(),
+            error: r.error.clone().or_else(|| r.skipped.as_ref().map(|s| format!("skipped: {s}"))),
+            emulated: sm.gpu.emulated,
+        })?;
     }
     if let Some(o) = sm.overhead {
         let what = format!(
             "CPU us per 64 KiB async copy: cuda-safe {:.4}, raw {:.4}, overhead {:+.2} %",
             o.safe_cpu_us.median, o.raw_cpu_us.median, o.pct
         );
-        let _ = writeln!(out, "overhead,safe-vs-raw,{},,,{},,,,,,,,,{}", csv_field(&what), o.rounds, sm.gpu.emulated);
+        w.serialize(CsvRow {
+            kind: "overhead",
+            name: "safe-vs-raw",
+            description: &what,
+            strategy: "",
+            bytes: None,
+            reps: o.rounds,
+            gbps_median: None,
+            gbps_min: None,
+            gbps_max: None,
+            fraction_of_line_rate: None,
+            cpu_s_per_gb: None,
+            peak_pinned_bytes: None,
+            intact: None,
+            error: None,
+            emulated: sm.gpu.emulated,
+        })?;
     }
-    out
+    let bytes = w.into_inner().map_err(|e| Fatal::Run(format!("writing results.csv: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| Fatal::Run(format!("results.csv: {e}")))
 }
 
 // ---------------------------------------------------------------- SVG
