@@ -9,11 +9,11 @@
 //! Every pass, three random 16 MiB pieces of the device copy are read back and
 //! compared with the file; the last pass of each strategy compares all of it.
 //! After each strategy it prints bytes moved, mismatches, peak pinned bytes,
-//! time, and the process's resident and locked memory at the start, the end
+//! time, CPU seconds per GB, and the process's resident and locked memory at the start, the end
 //! and the peak (flat memory: the end is where the start was).
 
 use clap::Parser;
-use wirespeed_bench::{parse_size, pattern_file};
+use wirespeed_bench::{cpu, parse_size, pattern_file};
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
@@ -140,7 +140,7 @@ fn run(a: Args) -> Result<bool, String> {
             budget_bytes / MIB
         );
         println!(
-            "strategy             passes      GB moved  mismatches  peak pinned    seconds   GB/s  RSS start->end (peak) MiB  VmLck start->end MiB"
+            "strategy             passes      GB moved  mismatches  peak pinned    seconds   GB/s  CPU s/GB  RSS start->end (peak) MiB  VmLck start->end MiB"
         );
         let mut all_ok = true;
         let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
@@ -152,7 +152,7 @@ fn run(a: Args) -> Result<bool, String> {
             let (rss0, lck0) = memory();
             let mut rss_peak = rss0;
             let (mut mismatches, mut moved, mut peak) = (0u64, 0u64, 0u64);
-            let t0 = Instant::now();
+            let (c0, t0) = (cpu::process_seconds(), Instant::now());
             for p in 0..passes {
                 let r = streamer.to_device(&file, 0..len, &mut dst).map_err(|e| format!("{name} pass {p}: {e}"))?;
                 moved += r.bytes;
@@ -178,14 +178,15 @@ fn run(a: Args) -> Result<bool, String> {
                 }
                 rss_peak = rss_peak.max(memory().0);
             }
-            let secs = t0.elapsed().as_secs_f64();
+            let (secs, cpu_s) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
             let (rss1, lck1) = memory();
             drop(streamer);
             println!(
-                "{name:<20} {passes:>6} {:>13.1} {mismatches:>11} {:>8} MiB {secs:>10.1} {:>6.1}  {:>6}->{:<6} ({:>6})       {:>5}->{:<5}",
+                "{name:<20} {passes:>6} {:>13.1} {mismatches:>11} {:>8} MiB {secs:>10.1} {:>6.1}  {:>8.3}  {:>6}->{:<6} ({:>6})       {:>5}->{:<5}",
                 moved as f64 / 1e9,
                 peak / MIB,
                 moved as f64 / 1e9 / secs,
+                cpu_s / (moved as f64 / 1e9),
                 rss0 / MIB,
                 rss1 / MIB,
                 rss_peak / MIB,
@@ -194,7 +195,7 @@ fn run(a: Args) -> Result<bool, String> {
             );
             all_ok &= mismatches == 0;
         }
-        println!("(timing includes the sampled read-back checks; GB/s here is not the bench's rate)");
+        println!("(timing and CPU include the sampled read-back checks; GB/s here is not the bench's rate)");
         Ok(all_ok)
     })();
     drop(temp); // removes the file
