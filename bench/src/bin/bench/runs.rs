@@ -8,14 +8,15 @@ use crate::gpu::Gpu;
 use crate::progress::Progress;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
-use crate::util::{Fatal, GIB, KIB, MIB, Result, fmt_bytes, pieces, process_cpu_seconds, round_down};
+use crate::util::{Fatal, GIB, KIB, MIB, Result, fmt_bytes, pieces, round_down};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
+use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
 use wirespeed_pinned::{PinBudget, Report, Strategy, StreamConfig, Streamer};
 
-/// The chunk size of the baselines (the facts file's probes used 64 MiB).
+/// The chunk size of the baselines.
 pub const CHUNK: u64 = 64 * MIB;
 
 /// What every run shares.
@@ -79,9 +80,9 @@ impl Bench {
 
 /// Times `f` (wall and process CPU).
 fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, Sample)> {
-    let (c0, t0) = (process_cpu_seconds(), Instant::now());
+    let (c0, t0) = (cpu::process_seconds(), Instant::now());
     let v = f()?;
-    Ok((v, Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: process_cpu_seconds() - c0 }))
+    Ok((v, Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: cpu::process_seconds() - c0 }))
 }
 
 /// Turns a failure into the row's error, unless the CUDA context is gone.
@@ -125,8 +126,8 @@ pub fn line_rate(b: &mut Bench) -> Result<Row> {
         let mut engine = Vec::new();
         for rep in 0..reps {
             b.progress.begin("line-rate", rep + 1, reps);
-            // Wall clock, as every other run here (and the facts file's probes)
-            // is timed; the events give the copy engine's own time besides.
+            // Wall clock, as every other run here is timed; the events give the
+            // copy engine's own time besides.
             let (ms, s) = timed(|| {
                 b.stream.record(&start)?;
                 for _ in 0..k {
@@ -256,13 +257,13 @@ pub fn pageable(b: &mut Bench, data: &Data, dest: &mut Dest) -> Result<Row> {
     Ok(row)
 }
 
-/// The seed's anti-pattern: pinned memory allocated per batch (cudaHostAlloc),
-/// filled, copied, freed.
+/// The anti-pattern of `pin_memory()` per batch: pinned memory allocated per
+/// batch (cudaHostAlloc), filled, copied, freed.
 pub fn per_batch_pinned(b: &mut Bench, data: &Data, dest: &mut Dest) -> Result<Row> {
     let mut row = Row::new(
         "per-batch-pinned",
         Kind::Stream,
-        "cudaHostAlloc + memcpy + async copy + cudaFreeHost per 64 MiB chunk (the seed's way)",
+        "fresh pinned buffer per 64 MiB chunk: cudaHostAlloc + memcpy + async copy + cudaFreeHost (pin_memory() per batch)",
         data.len,
     );
     row.strategy = "PinnedBuffer::new per chunk".into();

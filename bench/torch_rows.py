@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The seed's own experiment in PyTorch, beside `bench --seed`.
+"""PyTorch's row-by-row copy to the GPU, beside `bench --pytorch-rows`.
 
-    a = torch.rand(1024, 655360)            # 2.68 GB of float32
+    a = torch.rand(1024, 655360)            # 1024 rows of 2.5 MiB: 2.68 GB of float32
     for i in a: i.pin_memory().cuda(non_blocking=True)
     for i in a: i.pin_memory().cuda()
     for i in a: i.cuda(non_blocking=True)
@@ -11,13 +11,13 @@
 Prints wall ms, CPU ms (time.process_time: every thread of the process), GB/s
 and the fraction of the line rate (a resident pinned tensor copied again and
 again, measured here), the median of --reps runs after one warm-up run, in the
-same table format as `bench --seed`. Checks once per variant that the rows
+same table format as `bench --pytorch-rows`. Checks once per variant that the rows
 arrived intact.
 
 Runs only where `import torch` works and torch sees a GPU; otherwise it says
 why and exits 0, so it can sit in any script. Optional: --json PATH.
 
-    python3 pinned-mem/bench/torch_seed.py [--rows 1024] [--reps 3] [--json out.json]
+    python3 bench/torch_rows.py [--rows 1024] [--reps 3] [--json out.json]
 """
 
 import argparse
@@ -28,19 +28,10 @@ import time
 
 COLS = 655360
 
-# The facts file's one run on the H200 (PyTorch 2.11), GB/s.
-H200 = {
-    "torch-pin-nb": "38.8",
-    "torch-pin": "14.9",
-    "torch-cuda-nb": "8.0",
-    "torch-cuda": "7.8",
-    "torch-pinned-once": "51.3",
-}
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=1024, help="rows of 655360 float32 (default 1024, the seed's)")
+    ap.add_argument("--rows", type=int, default=1024, help="rows of 655360 float32, 2.5 MiB each (default 1024)")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per variant; the median is shown (default 3)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args()
@@ -50,10 +41,10 @@ def main():
     try:
         import torch
     except Exception as e:  # ImportError, or a broken install
-        print(f"torch_seed.py: skipped: `import torch` failed ({e.__class__.__name__}: {e})")
+        print(f"torch_rows.py: skipped: `import torch` failed ({e.__class__.__name__}: {e})")
         return 0
     if not torch.cuda.is_available():
-        print(f"torch_seed.py: skipped: torch {torch.__version__} sees no CUDA GPU "
+        print(f"torch_rows.py: skipped: torch {torch.__version__} sees no CUDA GPU "
               f"(torch.version.cuda = {torch.version.cuda}, torch.cuda.device_count() = {torch.cuda.device_count()})")
         return 0
 
@@ -66,7 +57,7 @@ def main():
 
     a = torch.rand(args.rows, COLS)
     nbytes = a.numel() * a.element_size()
-    print(f"\nThe seed's experiment in PyTorch: a = torch.rand({args.rows}, {COLS}) ({nbytes / 1e9:.2f} GB of float32), "
+    print(f"\nRow-by-row copy in PyTorch: a = torch.rand({args.rows}, {COLS}) ({nbytes / 1e9:.2f} GB of float32), "
           f"row by row; median of {args.reps} run(s) after a warm-up")
 
     def pin_nb():
@@ -111,10 +102,10 @@ def main():
     results.append(r)
     del p
 
-    print(f"{'variant':<18} {'code':<50} {'wall ms':>9} {'CPU ms':>9} {'GB/s':>7} {'x line':>7} {'intact':>7}  H200 (facts)")
+    print(f"{'variant':<18} {'code':<50} {'wall ms':>9} {'CPU ms':>9} {'GB/s':>7} {'x line':>7} {'intact':>7}")
     for r in results:
         print(f"{r['name']:<18} {r['code']:<50} {r['wall_ms']:>9.1f} {r['cpu_ms']:>9.1f} {r['gbps']:>7.2f} "
-              f"{r['fraction_of_line_rate']:>7.2f} {'yes' if r['intact'] else 'NO':>7}  {H200.get(r['name'], '')}")
+              f"{r['fraction_of_line_rate']:>7.2f} {'yes' if r['intact'] else 'NO':>7}")
     for r in results:
         if "note" in r:
             print(f"  {r['name']}: {r['note']}")
@@ -122,7 +113,7 @@ def main():
 
     if args.json:
         doc = {
-            "tool": "torch_seed.py",
+            "tool": "torch_rows.py",
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "device": name,
@@ -132,7 +123,6 @@ def main():
             "reps": args.reps,
             "line_rate_gbps": line,
             "results": results,
-            "h200_reference_gbps": H200,
         }
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=2)
@@ -160,7 +150,7 @@ def line_rate(torch, dev, reps):
 
 def measure(torch, key, code, f, keep, a, nbytes, reps, line):
     torch.cuda.synchronize()
-    f()  # warm-up: PyTorch's caching allocators fill here, as in the seed's notebook
+    f()  # warm-up: PyTorch's caching allocators fill here, as in any loop that runs more than once
     torch.cuda.synchronize()
     walls, cpus = [], []
     for _ in range(reps):

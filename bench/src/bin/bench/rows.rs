@@ -1,30 +1,35 @@
-//! `--seed`: the seed's experiment, `a = torch.rand(1024, 655360)` copied to
-//! the GPU row by row, in the seed's four ways and ours.
+//! `--pytorch-rows`: PyTorch's row-by-row copy, `a = torch.rand(1024, 655360)`
+//! (1024 rows of 2.5 MiB of float32) sent to the GPU one row at a time, the
+//! ways PyTorch code does it (pageable `i.cuda()`, a fresh pinned buffer per
+//! row with `i.pin_memory()`) and ours (pinned memory allocated or registered
+//! once); and PyTorch's own run of the same, through `bench/torch_rows.py`,
+//! where torch is importable.
 
 use crate::checksum;
 use crate::data::fill_pattern;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::runs::Bench;
-use crate::util::{Fatal, Result, process_cpu_seconds};
+use crate::util::{Fatal, Result};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
+use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
 
 pub const ROWS: usize = 1024;
 pub const COLS: usize = 655_360;
 pub const ROW_BYTES: usize = COLS * 4;
 
-/// The PyTorch code each variant stands for (None: ours).
+/// The PyTorch code each variant stands for, or "(ours) ...".
 pub fn torch_code(name: &str) -> &'static str {
     match name {
-        "seed-cuda" => "i.cuda()",
-        "seed-cuda-nb" => "i.cuda(non_blocking=True)",
-        "seed-pin-nb" => "i.pin_memory().cuda(non_blocking=True), no cache",
-        "seed-pin" => "i.pin_memory().cuda(), no cache",
-        "seed-ring" => "(ours) 4-slot pinned ring, allocated once",
-        "seed-registered" => "(ours) whole tensor registered once",
+        "rows-cuda" => "i.cuda()",
+        "rows-cuda-nb" => "i.cuda(non_blocking=True)",
+        "rows-pin-nb" => "i.pin_memory().cuda(non_blocking=True), no cache",
+        "rows-pin" => "i.pin_memory().cuda(), no cache",
+        "rows-ring" => "(ours) 4-slot pinned ring, allocated once",
+        "rows-registered" => "(ours) whole tensor registered once",
         _ => "",
     }
 }
@@ -38,18 +43,18 @@ fn fill_rows(host: &mut [u8], threads: usize) {
     });
 }
 
-/// The seed's variants, then ours; every variant's median of `b.reps` runs.
-/// Rows used: the seed's 1024, or 128 with --quick.
-pub fn rows(quick: bool) -> usize {
+/// Rows used: 1024, or 128 with --quick.
+pub fn row_count(quick: bool) -> usize {
     if quick { 128 } else { ROWS }
 }
 
+/// PyTorch's variants, then ours; every variant's median of `b.reps` runs.
 pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
-    let rows = rows(b.opts.quick);
+    let rows = row_count(b.opts.quick);
     let total = rows * ROW_BYTES;
     let dev = b.gpu.device;
     b.progress.note(&format!(
-        "seed experiment: {rows} rows x {COLS} float32 ({:.2} GB) in host memory, copied row by row",
+        "row-by-row experiment: {rows} rows x {COLS} float32 ({:.2} GB) in host memory, copied row by row",
         total as f64 / 1e9
     ));
     let mut host = vec![0u8; total].into_boxed_slice();
@@ -67,7 +72,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
                        dst: &mut DeviceBuffer<u8>,
                        body: &mut dyn FnMut(&mut Bench, &mut DeviceBuffer<u8>) -> Result<()>|
      -> Result<()> {
-        let mut row = Row::new(name, Kind::Seed, what, total as u64);
+        let mut row = Row::new(name, Kind::Rows, what, total as u64);
         row.strategy = torch_code(name).to_string();
         row.peak_pinned = peak;
         let r = (|| -> Result<()> {
@@ -75,10 +80,10 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
                 b.stream.memset(dst, 0)?.wait()?;
                 dev.synchronize()?;
                 b.progress.begin(name, rep + 1, b.reps);
-                let (c0, t0) = (process_cpu_seconds(), Instant::now());
+                let (c0, t0) = (cpu::process_seconds(), Instant::now());
                 body(b, dst)?;
                 dev.synchronize()?;
-                let s = Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: process_cpu_seconds() - c0 };
+                let s = Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: cpu::process_seconds() - c0 };
                 row.samples.push(s);
                 b.progress.rep_done(
                     &format!(
@@ -112,15 +117,15 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     let rb = ROW_BYTES as u64;
     {
         let host: &[u8] = &host;
-        measure(b, "seed-cuda", "pageable cudaMemcpy per row", 0, &mut dst, &mut |_, dst| {
+        measure(b, "rows-cuda", "pageable cudaMemcpy per row", 0, &mut dst, &mut |_, dst| {
             rawcuda::copy_pageable(dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])), |_| {})
         })?;
-        measure(b, "seed-cuda-nb", "pageable cudaMemcpyAsync per row", 0, &mut dst, &mut |b, dst| {
+        measure(b, "rows-cuda-nb", "pageable cudaMemcpyAsync per row", 0, &mut dst, &mut |b, dst| {
             rawcuda::copy_pageable_async(&b.stream, dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])))
         })?;
         measure(
             b,
-            "seed-pin-nb",
+            "rows-pin-nb",
             "per row: cudaHostAlloc + memcpy + async copy; freed after the next row is queued",
             2 * rb,
             &mut dst,
@@ -138,7 +143,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
         )?;
         measure(
             b,
-            "seed-pin",
+            "rows-pin",
             "per row: cudaHostAlloc + memcpy + copy, wait, cudaFreeHost",
             rb,
             &mut dst,
@@ -157,7 +162,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
         }
         measure(
             b,
-            "seed-ring",
+            "rows-ring",
             "4 pinned row slots allocated once, memcpy + async copy",
             4 * rb,
             &mut dst,
@@ -176,8 +181,8 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     let t = Instant::now();
     match HostRegistration::try_new(host, RegisterFlags::default()) {
         Err((e, _host)) => {
-            let mut row = Row::new("seed-registered", Kind::Seed, "whole tensor registered once", total as u64);
-            row.strategy = torch_code("seed-registered").into();
+            let mut row = Row::new("rows-registered", Kind::Rows, "whole tensor registered once", total as u64);
+            row.strategy = torch_code("rows-registered").into();
             row.error = Some(format!("cudaHostRegister of the whole tensor: {e}"));
             out.push(row);
         }
@@ -185,7 +190,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
             let reg_s = t.elapsed().as_secs_f64();
             measure(
                 b,
-                "seed-registered",
+                "rows-registered",
                 "whole tensor registered once (cudaHostRegister), async copy per row",
                 total as u64,
                 &mut dst,
@@ -209,43 +214,44 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-/// PyTorch's own run of the same experiment (`pinned-mem/bench/torch_seed.py`).
+/// PyTorch's own run of the same experiment (`bench/torch_rows.py`).
 pub struct Torch {
     /// What it printed (its table), or why it did not run.
     pub text: String,
     /// The JSON it wrote, when it ran.
-    pub json: Option<String>,
+    pub json: Option<serde_json::Value>,
 }
 
-fn find_script() -> Option<PathBuf> {
-    const REL: &str = "pinned-mem/bench/torch_seed.py";
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Ok(d) = std::env::current_dir() {
-        candidates.extend(d.ancestors().map(|a| a.join(REL)));
-    }
-    if let Ok(e) = std::env::current_exe() {
-        candidates.extend(e.ancestors().skip(1).map(|a| a.join(REL)));
-    }
-    candidates.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/torch_seed.py")));
-    candidates.into_iter().find(|p| p.is_file())
+/// The script, built into the binary so that the bench runs it from any folder.
+const SCRIPT: &str = include_str!("../../../torch_rows.py");
+
+/// Writes the script into a new temporary folder, which also receives its JSON.
+fn script_dir() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::Builder::new().prefix("wirespeed-torch-").tempdir()?;
+    let script = dir.path().join("torch_rows.py");
+    std::fs::write(&script, SCRIPT)?;
+    Ok((dir, script))
 }
 
-/// Runs torch_seed.py with the same rows and repetitions, so that one run
+/// Runs torch_rows.py with the same rows and repetitions, so that one run
 /// prints both tables. It skips itself (exit 0) where torch or a GPU is missing.
 pub fn torch(b: &Bench, rows: usize) -> Torch {
     if b.gpu.emulated {
         return Torch { text: "skipped: this is an emulated run".into(), json: None };
     }
-    let Some(script) = find_script() else {
-        return Torch {
-            text: "skipped: pinned-mem/bench/torch_seed.py not found (run bench from the repository root)".into(),
-            json: None,
-        };
+    let (dir, script) = match script_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            return Torch {
+                text: format!("skipped: could not write the script to a temporary folder ({e})"),
+                json: None,
+            };
+        }
     };
-    let json_path = std::env::temp_dir().join(format!("pinned-mem-torch-seed-{}.json", std::process::id()));
+    let json_path = dir.path().join("results.json");
     let (rows_s, reps_s) = (rows.to_string(), b.reps.to_string());
     b.progress
-        .note(&format!("running PyTorch's own version: python3 {} --rows {rows_s} --reps {reps_s}", script.display()));
+        .note(&format!("running PyTorch's own version: python3 bench/torch_rows.py --rows {rows_s} --reps {reps_s}"));
     let out = Command::new("python3")
         .arg(&script)
         .args(["--rows", &rows_s, "--reps", &reps_s, "--json"])
@@ -253,17 +259,39 @@ pub fn torch(b: &Bench, rows: usize) -> Torch {
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output();
-    let t = match out {
+    match out {
         Err(e) => Torch { text: format!("skipped: could not run python3 ({e})"), json: None },
         Ok(o) => {
             let mut text = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
             if !o.status.success() {
-                text.push_str(&format!("\n(torch_seed.py exited with {})", o.status));
+                text.push_str(&format!("\n(torch_rows.py exited with {})", o.status));
             }
-            let json = std::fs::read_to_string(&json_path).ok().filter(|j| j.trim_start().starts_with('{'));
+            let json = std::fs::read(&json_path).ok().and_then(|j| serde_json::from_slice(&j).ok());
             Torch { text, json }
         }
-    };
-    let _ = std::fs::remove_file(&json_path);
-    t
+    } // the folder is removed here
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The built-in script runs from its temporary folder: it skips itself
+    /// (exit 0) without torch or a GPU, or runs one row where both are there.
+    #[test]
+    fn script_runs_or_skips() {
+        let (dir, script) = script_dir().unwrap();
+        assert_eq!(std::fs::read_to_string(&script).unwrap(), SCRIPT);
+        let out = Command::new("python3")
+            .arg(&script)
+            .args(["--rows", "1", "--reps", "1", "--json"])
+            .arg(dir.path().join("results.json"))
+            .stdin(Stdio::null())
+            .output();
+        let Ok(out) = out else { return }; // no python3 here
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!path.exists());
+    }
 }

@@ -10,6 +10,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use tempfile::NamedTempFile;
 use wirespeed_pinned::MappedFile;
 
 fn splitmix(mut z: u64) -> u64 {
@@ -19,28 +20,19 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Fills `buf` with the deterministic pattern of stream `seed`, as if it
-/// started at byte `start` (a multiple of 8) of that stream.
-pub fn fill_pattern(buf: &mut [u8], seed: u64, start: u64) {
+/// Fills `buf` with the deterministic pattern number `stream`, as if it
+/// started at byte `start` (a multiple of 8) of that pattern.
+pub fn fill_pattern(buf: &mut [u8], stream: u64, start: u64) {
     let first = start / 8;
     let mut words = buf.chunks_exact_mut(8);
     let mut i = first;
     for w in &mut words {
-        w.copy_from_slice(&splitmix(i ^ seed.rotate_left(32)).to_le_bytes());
+        w.copy_from_slice(&splitmix(i ^ stream.rotate_left(32)).to_le_bytes());
         i += 1;
     }
     let rest = words.into_remainder();
-    let last = splitmix(i ^ seed.rotate_left(32)).to_le_bytes();
+    let last = splitmix(i ^ stream.rotate_left(32)).to_le_bytes();
     rest.copy_from_slice(&last[..rest.len()]);
-}
-
-/// Removes the demo file when dropped (also when the bench fails).
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 pub struct Data {
@@ -54,7 +46,8 @@ pub struct Data {
     pub tmpfs: bool,
     /// Notes for the header (e.g. the file is larger than RAM).
     pub notes: Vec<String>,
-    _temp: Option<TempFile>,
+    /// The demo file, removed when dropped (also when the bench fails).
+    _temp: Option<NamedTempFile>,
 }
 
 impl Data {
@@ -99,12 +92,7 @@ fn demo_size(opts: &Options, dir: &Path) -> Result<u64> {
     Ok(round_down(size, 64 * MIB))
 }
 
-fn write_demo(path: &Path, size: u64, threads: usize, progress: &Progress) -> Result<()> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .context(|| format!("creating the demo file {}", path.display()))?;
+fn write_demo(file: &File, path: &Path, size: u64, threads: usize, progress: &Progress) -> Result<()> {
     file.set_len(size).context(|| format!("sizing {}", path.display()))?;
     const PIECE: u64 = 8 << 20;
     let n = size.div_ceil(PIECE);
@@ -113,7 +101,7 @@ fn write_demo(path: &Path, size: u64, threads: usize, progress: &Progress) -> Re
     let result: Result<()> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let (file, done) = (&file, &done);
+                let done = &done;
                 s.spawn(move || -> Result<()> {
                     let mut buf = vec![0u8; PIECE as usize];
                     let mut i = t;
@@ -168,18 +156,22 @@ pub fn prepare(opts: &Options, threads: usize, progress: &Progress) -> Result<Da
     let (path, demo, temp) = match &opts.file {
         Some(p) => (p.clone(), false, None),
         None => {
-            let path = std::env::temp_dir().join(format!("pinned-mem-bench-{}.bin", std::process::id()));
-            let guard = TempFile(path.clone());
+            let temp = tempfile::Builder::new()
+                .prefix("wirespeed-bench-")
+                .suffix(".bin")
+                .tempfile()
+                .context(|| format!("creating the demo file in {}", std::env::temp_dir().display()))?;
+            let path = temp.path().to_path_buf();
             progress.begin(&format!("writing the demo file {} ({})", path.display(), fmt_bytes(size)), 1, 1);
             let t0 = Instant::now();
-            write_demo(&path, size, threads, progress)?;
+            write_demo(temp.as_file(), &path, size, threads, progress)?;
             progress.note(&format!(
                 "wrote the demo file {} ({}) in {:.1} s",
                 path.display(),
                 fmt_bytes(size),
                 t0.elapsed().as_secs_f64()
             ));
-            (path, true, Some(guard))
+            (path, true, Some(temp))
         }
     };
     // SAFETY: the demo file is the bench's own and unchanged until removed; a

@@ -1,12 +1,13 @@
 //! The only raw CUDA calls of the bench: what cuda-safe deliberately does not
 //! offer (copies from pageable memory into part of a buffer, asynchronous
-//! copies from pageable memory, as the seed's `i.cuda()` and
+//! copies from pageable memory, as PyTorch's `i.cuda()` and
 //! `i.cuda(non_blocking=True)` do) and the raw baseline of the overhead
 //! microbenchmark. Each function waits for its copies before it returns, so the
 //! borrows it takes cover the whole time CUDA may touch the memory.
 
-use crate::util::{Fatal, Result, thread_cpu_seconds};
+use crate::util::{Fatal, Result};
 use std::time::Instant;
+use wirespeed_bench::cpu;
 use wirespeed_cuda::sys::{Api, cudaError, cudaError_t, cudaMemcpyKind};
 use wirespeed_cuda::{DeviceBuffer, PinnedBuffer, Stream};
 
@@ -33,7 +34,7 @@ fn in_bounds(dst: &DeviceBuffer<u8>, at: usize, n: usize) -> Result<()> {
 }
 
 /// Copies each `(offset in dst, pageable source)` with a synchronous
-/// `cudaMemcpy` (the seed's `i.cuda()`), calling `each(bytes)` after each, and
+/// `cudaMemcpy` (PyTorch's `i.cuda()`), calling `each(bytes)` after each, and
 /// waits for the device before returning.
 pub fn copy_pageable<'a>(
     dst: &mut DeviceBuffer<u8>,
@@ -70,7 +71,7 @@ pub fn copy_pageable<'a>(
 }
 
 /// Copies each `(offset in dst, pageable source)` with `cudaMemcpyAsync` on
-/// `stream` (the seed's `i.cuda(non_blocking=True)`), then waits for the stream.
+/// `stream` (PyTorch's `i.cuda(non_blocking=True)`), then waits for the stream.
 pub fn copy_pageable_async<'a>(
     stream: &Stream,
     dst: &mut DeviceBuffer<u8>,
@@ -123,7 +124,7 @@ pub fn raw_copies(
     let (d, s, n, raw) = (dst.as_raw_ptr(), src.as_ptr(), src.len(), stream.as_raw());
     let ordinal = stream.device().ordinal() as i32;
     let mut result = Ok(());
-    let (c0, t0) = (thread_cpu_seconds(), Instant::now());
+    let (c0, t0) = (cpu::thread_seconds(), Instant::now());
     for _ in 0..count {
         if set_device {
             // SAFETY: a plain value argument; the runtime checks the ordinal.
@@ -143,7 +144,7 @@ pub fn raw_copies(
             break;
         }
     }
-    let (cpu, wall) = (thread_cpu_seconds() - c0, t0.elapsed().as_secs_f64());
+    let (cpu, wall) = (cpu::thread_seconds() - c0, t0.elapsed().as_secs_f64());
     let synced = stream.synchronize();
     result?;
     synced?;

@@ -2,19 +2,18 @@
 //! checks that the data keeps arriving intact and that memory stays flat.
 //!
 //! ```text
-//! cargo run --release -p wirespeed-pinned --bin soak -- --gb 100            # 100 GB per strategy
-//! cargo run -p wirespeed-pinned --features emulator --bin soak -- --emulated --gb 2 --size 64M
+//! cargo run --release -p wirespeed-bench --bin soak -- --gb 100            # 100 GB per strategy
+//! cargo run -p wirespeed-bench --features emulator --bin soak -- --emulated --gb 2 --size 64M
 //! ```
 //!
 //! Every pass, three random 16 MiB pieces of the device copy are read back and
 //! compared with the file; the last pass of each strategy compares all of it.
 //! After each strategy it prints bytes moved, mismatches, peak pinned bytes,
-//! time, and the process's resident and locked memory at the start, the end
+//! time, CPU seconds per GB, and the process's resident and locked memory at the start, the end
 //! and the peak (flat memory: the end is where the start was).
 
-#[path = "common/demo.rs"]
-mod demo;
-use demo::pattern_file;
+use clap::Parser;
+use wirespeed_bench::{cpu, parse_size, pattern_file};
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
@@ -23,25 +22,6 @@ use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
 const PIECE: usize = 16 << 20;
-
-fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let m = match s[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-                "" => 1,
-                "K" => 1u64 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                _ => return None,
-            };
-            (&s[..i], m)
-        }
-        None => (s, 1),
-    };
-    num.parse::<f64>().ok().map(|n| (n * mult as f64) as u64)
-}
 
 /// `(VmRSS, VmLck)` of this process in bytes.
 fn memory() -> (u64, u64) {
@@ -57,33 +37,40 @@ fn memory() -> (u64, u64) {
     (field("VmRSS:"), field("VmLck:"))
 }
 
+/// Streams a file to the GPU again and again with each strategy and checks that
+/// the data keeps arriving intact and that memory stays flat.
+#[derive(Debug, Parser)]
+#[command(name = "soak", version)]
 struct Args {
+    /// GB (10^9 bytes) to stream per strategy
+    #[arg(long, value_name = "GB", default_value_t = 100.0, value_parser = parse_gb)]
     gb: f64,
+
+    /// Size of the file streamed (at least 64M; K/M/G/T are powers of 1024)
+    #[arg(long, value_name = "BYTES", default_value = "4G", value_parser = parse_file_size)]
     size: u64,
+
+    /// Pin budget (default: the file size / 8)
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     budget: Option<u64>,
+
+    /// Use the emulated CUDA runtime (needs a build with `--features emulator`)
+    #[arg(long)]
     emulated: bool,
 }
 
-fn args() -> Result<Args, String> {
-    let mut a = Args { gb: 100.0, size: 4 << 30, budget: None, emulated: false };
-    let mut it = std::env::args().skip(1);
-    while let Some(x) = it.next() {
-        let mut val = |n: &str| it.next().ok_or(format!("{n} needs a value"));
-        match x.as_str() {
-            "--gb" => a.gb = val("--gb")?.parse().map_err(|_| "--gb: a number of GB")?,
-            "--size" => a.size = parse_size(&val("--size")?).ok_or("--size: e.g. 4G")?,
-            "--budget" => a.budget = Some(parse_size(&val("--budget")?).ok_or("--budget: e.g. 512M")?),
-            "--emulated" => a.emulated = true,
-            "-h" | "--help" => {
-                return Err("usage: soak [--gb GB per strategy] [--size FILE] [--budget BYTES] [--emulated]".into());
-            }
-            o => return Err(format!("unknown argument {o:?} (try --help)")),
-        }
+fn parse_gb(v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(gb) if gb.is_finite() && gb > 0.0 => Ok(gb),
+        _ => Err(format!("{v:?} is not a number of GB above 0")),
     }
-    if a.size < 64 * MIB {
-        return Err("--size: at least 64M".into());
+}
+
+fn parse_file_size(v: &str) -> Result<u64, String> {
+    match parse_size(v)? {
+        s if s < 64 * MIB => Err("at least 64M".into()),
+        s => Ok(s),
     }
-    Ok(a)
 }
 
 /// Compares `len` bytes at `off` of the device copy with the file, through a pinned bounce buffer.
@@ -101,22 +88,21 @@ fn check_piece(
     Ok(bounce.as_slice().map_err(|e| e.to_string())?[..len] == file[off..off + len])
 }
 
-fn run() -> Result<bool, String> {
-    let a = args()?;
+fn run(a: Args) -> Result<bool, String> {
     if a.emulated {
-        #[cfg(feature = "emulator")]
-        wirespeed_cuda_sys::emulator::install().map_err(|e| e.to_string())?;
-        #[cfg(not(feature = "emulator"))]
-        return Err("--emulated needs a build with --features emulator".into());
+        wirespeed_bench::emulator::select(
+            "cargo run --release -p wirespeed-bench --features emulator --bin soak -- --emulated --gb 2 --size 64M",
+        )?;
     }
     let dev = Device::get(0).map_err(|e| format!("no GPU: {e}"))?;
     let label = if a.emulated { " [EMULATED: not GPU measurements]" } else { "" };
-    let path = std::env::temp_dir().join(format!("pinned-mem-soak-{}.bin", std::process::id()));
-    pattern_file(&path, a.size).map_err(|e| format!("{}: {e}", path.display()))?;
+    let temp = pattern_file("wirespeed-soak-", a.size)
+        .map_err(|e| format!("writing the file in {}: {e}", std::env::temp_dir().display()))?;
+    let path = temp.path();
     let res = (|| -> Result<bool, String> {
         // SAFETY: the soak file is this process's own, written above, and
         // nothing changes it until it is removed after the runs.
-        let file = unsafe { MappedFile::open(&path) }.map_err(|e| e.to_string())?;
+        let file = unsafe { MappedFile::open(path) }.map_err(|e| e.to_string())?;
         let len = file.len();
         let bytes = file.as_bytes();
         let budget_bytes = a.budget.unwrap_or(len / 8);
@@ -154,7 +140,7 @@ fn run() -> Result<bool, String> {
             budget_bytes / MIB
         );
         println!(
-            "strategy             passes      GB moved  mismatches  peak pinned    seconds   GB/s  RSS start->end (peak) MiB  VmLck start->end MiB"
+            "strategy             passes      GB moved  mismatches  peak pinned    seconds   GB/s  CPU s/GB  RSS start->end (peak) MiB  VmLck start->end MiB"
         );
         let mut all_ok = true;
         let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
@@ -166,7 +152,7 @@ fn run() -> Result<bool, String> {
             let (rss0, lck0) = memory();
             let mut rss_peak = rss0;
             let (mut mismatches, mut moved, mut peak) = (0u64, 0u64, 0u64);
-            let t0 = Instant::now();
+            let (c0, t0) = (cpu::process_seconds(), Instant::now());
             for p in 0..passes {
                 let r = streamer.to_device(&file, 0..len, &mut dst).map_err(|e| format!("{name} pass {p}: {e}"))?;
                 moved += r.bytes;
@@ -192,14 +178,15 @@ fn run() -> Result<bool, String> {
                 }
                 rss_peak = rss_peak.max(memory().0);
             }
-            let secs = t0.elapsed().as_secs_f64();
+            let (secs, cpu_s) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
             let (rss1, lck1) = memory();
             drop(streamer);
             println!(
-                "{name:<20} {passes:>6} {:>13.1} {mismatches:>11} {:>8} MiB {secs:>10.1} {:>6.1}  {:>6}->{:<6} ({:>6})       {:>5}->{:<5}",
+                "{name:<20} {passes:>6} {:>13.1} {mismatches:>11} {:>8} MiB {secs:>10.1} {:>6.1}  {:>8.3}  {:>6}->{:<6} ({:>6})       {:>5}->{:<5}",
                 moved as f64 / 1e9,
                 peak / MIB,
                 moved as f64 / 1e9 / secs,
+                cpu_s / (moved as f64 / 1e9),
                 rss0 / MIB,
                 rss1 / MIB,
                 rss_peak / MIB,
@@ -208,15 +195,16 @@ fn run() -> Result<bool, String> {
             );
             all_ok &= mismatches == 0;
         }
-        println!("(timing includes the sampled read-back checks; GB/s here is not the bench's rate)");
+        println!("(timing and CPU include the sampled read-back checks; GB/s here is not the bench's rate)");
         Ok(all_ok)
     })();
-    let _ = std::fs::remove_file(&path);
+    drop(temp); // removes the file
     res
 }
 
 fn main() -> ExitCode {
-    match run() {
+    // Bad arguments exit 2 (clap's usage errors), --help and --version 0.
+    match run(Args::parse()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("soak: MISMATCHES: data arrived damaged");

@@ -1,12 +1,13 @@
-//! The results for people (tables, the goals, what it means) and for machines
+//! The results for people (tables, the targets, what it means) and for machines
 //! (JSON, CSV, an SVG chart).
 
 use crate::args::Options;
 use crate::gpu::Gpu;
 use crate::overhead::Overhead;
-use crate::results::{Intact, Kind, Row};
-use crate::seed;
-use crate::util::{Stats, fmt_bytes};
+use crate::results::{Intact, Kind, Row, Sample};
+use crate::rows;
+use crate::util::{Fatal, Result, Stats, fmt_bytes};
+use serde::Serialize;
 use std::fmt::Write as _;
 
 pub const EMULATED: &str = "EMULATED — numbers are not GPU measurements";
@@ -32,43 +33,15 @@ pub struct Summary<'a> {
     pub line: &'a Row,
     pub file: Option<FileInfo>,
     pub rows: &'a [Row],
-    pub seed: &'a [Row],
+    pub pytorch_rows: &'a [Row],
     pub overhead: Option<&'a Overhead>,
-    pub torch: Option<&'a seed::Torch>,
+    pub torch: Option<&'a rows::Torch>,
 }
 
-/// The H200's figures from the workplace's shared/facts/h200-baseline.md (one run each).
-pub const FACTS: &str = "shared/facts/h200-baseline.md";
+// ---------------------------------------------------------------- targets
 
-/// The facts file's GB/s (and CPU s/GB) for a row, where it measured the same thing.
-fn h200_ref(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "line-rate" => "55.4",
-        "pageable" => "7.9 @0.13",
-        "per-batch-pinned" => "1.6 @0.63",
-        "ring-1" => "5.8 @0.17",
-        "ring-4" => "20.2 @0.20",
-        "ring-8" => "35.0 @0.23",
-        "ring-16" => "44.8 @0.36",
-        "windows" => "20.5-25.1 @0.05",
-        "whole-file" => "55.35 @0.02",
-        "disk-direct" => "1.5-1.8",
-        "seed-cuda" => "7.8 (torch)",
-        "seed-cuda-nb" => "8.0 (torch)",
-        "seed-pin-nb" => "38.8 (torch)",
-        "seed-pin" => "14.9 (torch)",
-        "seed-registered" => "51.3 (torch)",
-        _ => return None,
-    })
-}
-
-const ANCHORS: &str = "H200 anchors (facts file, one run each, 2026-11-29): line rate 55.4 GB/s; 16-thread pinned ring \
-0.81 of it at 0.36 CPU s/GB; sliding registered windows 0.45; PyTorch per-batch pin_memory 0.70 at 0.43 CPU s/GB; \
-cudaHostAlloc 0.34 s/GiB; whole file registered once 55.35 GB/s; disk 1.5-1.8 GB/s.";
-
-// ---------------------------------------------------------------- goals
-
-pub struct Goal {
+/// One of the bench's targets, and whether this run met it.
+pub struct Target {
     pub name: &'static str,
     /// None: not measured in this run.
     pub pass: Option<bool>,
@@ -79,19 +52,19 @@ fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.name == name && r.ok())
 }
 
-pub fn goals(s: &Summary) -> Vec<Goal> {
+pub fn targets(s: &Summary) -> Vec<Target> {
     let mut g = Vec::new();
     let lr = s.line_rate;
     if let Some(f) = &s.file {
         g.push(match find(s.rows, "budget-reuse") {
             Some(r) => {
                 let frac = r.fraction(lr);
-                Goal {
+                Target {
                     name: "registered once, copied again",
                     pass: Some(frac >= 0.98 && r.intact.as_bool() != Some(false)),
                     detail: format!(
                         "data within the pin budget ({}), registered once and copied again: {:.2} GB/s = {frac:.3} of the line rate \
-                         (goal >= 0.98); a pass takes {:.2} ms, {:.2} ms more than the line rate needs",
+                         (target >= 0.98); a pass takes {:.2} ms, {:.2} ms more than the line rate needs",
                         fmt_bytes(r.bytes),
                         r.gbps().median,
                         r.seconds() * 1e3,
@@ -99,28 +72,28 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
                     ),
                 }
             }
-            None => Goal { name: "registered once, copied again", pass: None, detail: "not measured (budget-reuse did not run)".into() },
+            None => Target { name: "registered once, copied again", pass: None, detail: "not measured (budget-reuse did not run)".into() },
         });
         let ratio = f.bytes as f64 / f.budget as f64;
         g.push(match find(s.rows, "auto") {
-            Some(_) if ratio < 7.95 => Goal {
+            Some(_) if ratio < 7.95 => Target {
                 name: "page-cached file 8x the budget",
                 pass: None,
                 detail: format!("not measured: the file is {ratio:.1}x the pin budget (leave --budget at its default)"),
             },
             Some(r) => {
                 let (frac, cpu) = (r.fraction(lr), r.cpu_per_gb());
-                Goal {
+                Target {
                     name: "page-cached file 8x the budget",
                     pass: Some(frac >= 0.90 && cpu <= 0.10 && r.intact.as_bool() != Some(false)),
                     detail: format!(
-                        "page-cached file {ratio:.1}x the pin budget, auto ({}): {:.2} GB/s = {frac:.3} of the line rate (goal >= 0.90) at {cpu:.3} CPU s/GB (goal <= 0.10)",
+                        "page-cached file {ratio:.1}x the pin budget, auto ({}): {:.2} GB/s = {frac:.3} of the line rate (target >= 0.90) at {cpu:.3} CPU s/GB (target <= 0.10)",
                         r.strategy,
                         r.gbps().median
                     ),
                 }
             }
-            None => Goal { name: "page-cached file 8x the budget", pass: None, detail: "not measured (auto did not run)".into() },
+            None => Target { name: "page-cached file 8x the budget", pass: None, detail: "not measured (auto did not run)".into() },
         });
         let disk = find(s.rows, "disk-direct");
         let cold = ["cold-auto", "cold-direct"]
@@ -130,18 +103,18 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
         g.push(match (disk, cold) {
             (Some(d), Some(c)) => {
                 let frac = c.gbps().median / d.gbps().median;
-                Goal {
+                Target {
                     name: "cold file",
                     pass: Some(frac >= 0.90 && c.intact.as_bool() != Some(false)),
                     detail: format!(
-                        "cold file, best cold run ({}): {:.2} GB/s = {frac:.3} of the O_DIRECT read rate of the same disk, {:.2} GB/s (goal >= 0.90)",
+                        "cold file, best cold run ({}): {:.2} GB/s = {frac:.3} of the O_DIRECT read rate of the same disk, {:.2} GB/s (target >= 0.90)",
                         c.name,
                         c.gbps().median,
                         d.gbps().median
                     ),
                 }
             }
-            _ => Goal {
+            _ => Target {
                 name: "cold file",
                 pass: None,
                 detail: "not measured (needs disk-direct and a cold run; see skipped rows)".into(),
@@ -149,17 +122,17 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
         });
     }
     if let Some(o) = s.overhead {
-        g.push(Goal {
+        g.push(Target {
             name: "safe-layer overhead",
-            pass: Some(o.pct <= Overhead::GOAL_PCT),
+            pass: Some(o.pct <= Overhead::TARGET_PCT),
             detail: format!(
                 "safe-layer overhead per 64 KiB async copy: cuda-safe {:.3} us vs raw cuda-sys {:.3} us CPU: {:+.1} % \
-                 (median over {} rounds of safe / raw in the same round; goal <= {} %)",
+                 (median over {} rounds of safe / raw in the same round; target <= {} %)",
                 o.safe_cpu_us.median,
                 o.raw_cpu_us.median,
                 o.pct,
                 o.rounds,
-                Overhead::GOAL_PCT
+                Overhead::TARGET_PCT
             ),
         });
     }
@@ -179,8 +152,8 @@ fn spread(g: Stats) -> String {
 fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
     let _ = writeln!(
         out,
-        "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}  {:<16}",
-        "strategy", "GB/s", "spread", "x line", "CPU s/GB", "peak pinned", "intact", "H200 (facts)"
+        "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
+        "strategy", "GB/s", "spread", "x line", "CPU s/GB", "peak pinned", "intact"
     );
     for r in rows {
         if let Some(e) = &r.error {
@@ -195,15 +168,14 @@ fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
         let frac = if r.kind == Kind::Disk { "-".to_string() } else { num(g.median / line_rate, 2) };
         let _ = writeln!(
             out,
-            "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}  {:<16}",
+            "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
             r.name,
             num(g.median, 2),
             spread(g),
             frac,
             num(r.cpu_per_gb(), 3),
             fmt_bytes(r.peak_pinned),
-            r.intact.short(),
-            h200_ref(&r.name).unwrap_or("")
+            r.intact.short()
         );
     }
 }
@@ -256,8 +228,8 @@ fn explain(out: &mut String, s: &Summary) {
             r.notes.iter().find(|(k, _)| k.starts_with("cudaHostAlloc")).map(|(_, v)| v.as_str()).unwrap_or("?");
         let _ = writeln!(
             out,
-            "  - per-batch-pinned (the seed's way) reached {:.2} GB/s, {:.1}x slower than {}: allocating pinned memory \
-             costs {alloc} s per GiB here (H200: 0.34) and synchronizes the device, more than the copy it serves. \
+            "  - per-batch-pinned (a fresh pinned buffer per batch, as pin_memory() per batch does) reached {:.2} GB/s, \
+             {:.1}x slower than {}: allocating pinned memory costs {alloc} s per GiB here and synchronizes the device, more than the copy it serves. \
              Allocate pinned memory once and reuse it.",
             r.gbps().median,
             times(r),
@@ -292,7 +264,7 @@ fn explain(out: &mut String, s: &Summary) {
         let _ = writeln!(
             out,
             "  - windows reached {:.2} GB/s at {:.3} CPU s/GB: no memcpy (the page cache is registered in place), \
-             but the driver registers and unregisters pages one call at a time (serialized; ~30 GB/s on the H200).",
+             but the driver registers and unregisters pages one call at a time (serialized).",
             r.gbps().median,
             r.cpu_per_gb()
         );
@@ -309,7 +281,7 @@ fn explain(out: &mut String, s: &Summary) {
         let _ = writeln!(
             out,
             "  - whole-file reached {:.2} GB/s for one pass, registering and unregistering {} included{again}; but it \
-             pins the whole file at once, which a machine may refuse (the seed's 68 GiB memmap could not be pinned).",
+             pins the whole file at once, which a machine may refuse for a large file (the memlock limit, RAM).",
             r.gbps().median,
             fmt_bytes(r.bytes)
         );
@@ -390,17 +362,13 @@ pub fn text(s: &Summary) -> String {
         let mut rows: Vec<&Row> = vec![s.line];
         rows.extend(s.rows.iter());
         table_rows(&mut out, &rows, s.line_rate);
-        let _ = writeln!(
-            out,
-            "(x line = fraction of this run's line rate; H200 (facts) = GB/s @ CPU s/GB measured once on the H200 by \
-             the facts file's C probes)"
-        );
+        let _ = writeln!(out, "(x line = fraction of the line rate measured in this run)");
         let _ = writeln!(out, "\nWhat each row does:");
         legend(&mut out, &rows);
         explain(&mut out, s);
     }
-    if !s.seed.is_empty() {
-        seed_text(&mut out, s);
+    if !s.pytorch_rows.is_empty() {
+        rows_text(&mut out, s);
     }
     if let Some(o) = s.overhead {
         let _ = writeln!(
@@ -433,14 +401,14 @@ pub fn text(s: &Summary) -> String {
             o.pct, o.round_pct.min, o.round_pct.max, o.medians_pct
         );
     }
-    let goals = goals(s);
-    if !goals.is_empty() {
+    let targets = targets(s);
+    if !targets.is_empty() {
         let _ = writeln!(
             out,
-            "\nGoals (pinned-mem issue){}:",
+            "\nTargets{}:",
             if s.gpu.emulated { " — EMULATED: these are not GPU measurements" } else { "" }
         );
-        for g in &goals {
+        for g in &targets {
             let tag = match g.pass {
                 Some(true) => "PASS",
                 Some(false) => "MISS",
@@ -449,31 +417,27 @@ pub fn text(s: &Summary) -> String {
             let _ = writeln!(out, "  {tag}  {}", g.detail);
         }
     }
-    let _ = writeln!(
-        out,
-        "\n{ANCHORS}\n(from {FACTS}; measure on your machine with this bench, they are leads, not promises)"
-    );
     if s.gpu.emulated {
         let _ = writeln!(out, "*** {EMULATED} ***");
     }
     out
 }
 
-fn seed_text(out: &mut String, s: &Summary) {
-    let rows = s.seed.first().map_or(0, |r| r.bytes as usize / seed::ROW_BYTES);
+fn rows_text(out: &mut String, s: &Summary) {
+    let rows = s.pytorch_rows.first().map_or(0, |r| r.bytes as usize / rows::ROW_BYTES);
     let _ = writeln!(
         out,
-        "\nThe seed's experiment{}: a = torch.rand({rows}, {}) ({:.2} GB of float32), `for i in a: ...` row by row",
+        "\nPyTorch's row-by-row copy{}: a = torch.rand({rows}, {}) ({:.2} GB of float32), `for i in a: ...` row by row",
         if s.gpu.emulated { " [EMULATED]" } else { "" },
-        seed::COLS,
-        s.seed.first().map_or(0.0, |r| r.bytes as f64 / 1e9)
+        rows::COLS,
+        s.pytorch_rows.first().map_or(0.0, |r| r.bytes as f64 / 1e9)
     );
     let _ = writeln!(
         out,
-        "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}  {:<12}",
-        "variant", "code", "wall ms", "CPU ms", "GB/s", "x line", "intact", "H200 (facts)"
+        "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}",
+        "variant", "code", "wall ms", "CPU ms", "GB/s", "x line", "intact"
     );
-    for r in s.seed {
+    for r in s.pytorch_rows {
         if let Some(e) = &r.error {
             let _ = writeln!(out, "{:<16} {:<50} FAILED: {e}", r.name, r.strategy);
             continue;
@@ -481,308 +445,313 @@ fn seed_text(out: &mut String, s: &Summary) {
         let g = r.gbps();
         let _ = writeln!(
             out,
-            "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}  {:<12}",
+            "{:<16} {:<50} {:>9} {:>9} {:>7} {:>7} {:>7}",
             r.name,
             r.strategy,
             num(r.seconds() * 1e3, 1),
             num(r.cpu_seconds() * 1e3, 1),
             num(g.median, 2),
             num(g.median / s.line_rate, 2),
-            r.intact.short(),
-            h200_ref(&r.name).unwrap_or("")
+            r.intact.short()
         );
     }
-    let refs: Vec<&Row> = s.seed.iter().collect();
+    let refs: Vec<&Row> = s.pytorch_rows.iter().collect();
     legend(out, &refs);
-    if let (Some(pin), Some(reg)) = (find(s.seed, "seed-pin-nb"), find(s.seed, "seed-registered")) {
+    if let (Some(pin), Some(reg)) = (find(s.pytorch_rows, "rows-pin-nb"), find(s.pytorch_rows, "rows-registered")) {
         let _ = writeln!(
             out,
-            "Pinning a new buffer for every row (seed-pin-nb) is {:.1}x slower than pinning the tensor once \
-             (seed-registered): the pinning, not the copy, is what is slow.",
+            "Pinning a new buffer for every row (rows-pin-nb) is {:.1}x slower than pinning the tensor once \
+             (rows-registered): the pinning, not the copy, is what is slow.",
             reg.gbps().median / pin.gbps().median
         );
     }
     let _ = writeln!(
         out,
-        "seed-pin*: a fresh cudaHostAlloc per row, as the seed's answer describes (cuda-safe's PinnedBuffer::new also\n\
-         zero-fills it); PyTorch 2.11 caches pinned blocks and copies with many threads instead: see its own table."
+        "rows-pin*: a fresh cudaHostAlloc per row (cuda-safe's PinnedBuffer::new also zero-fills it); PyTorch's\n\
+         pin_memory() may cache pinned blocks and copy with several threads instead: see its own table."
     );
     match s.torch {
         Some(t) => {
-            let _ = writeln!(out, "\nPyTorch's own run of the same (pinned-mem/bench/torch_seed.py):");
+            let _ = writeln!(out, "\nPyTorch's own run of the same (bench/torch_rows.py):");
             for l in t.text.lines() {
                 let _ = writeln!(out, "  {l}");
             }
         }
         None => {
-            let _ = writeln!(
-                out,
-                "PyTorch's own run of the same: python3 pinned-mem/bench/torch_seed.py (needs torch and a GPU)."
-            );
+            let _ =
+                writeln!(out, "PyTorch's own run of the same: python3 bench/torch_rows.py (needs torch and a GPU).");
         }
     }
 }
 
 // ---------------------------------------------------------------- JSON
 
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Int(u64),
-    Str(String),
-    /// Already-serialized JSON, inserted as it is.
-    Raw(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(&'static str, Json)>),
+/// One run, as results.json has it.
+#[derive(Serialize)]
+struct RowJson<'a> {
+    name: &'a str,
+    kind: &'static str,
+    description: &'a str,
+    strategy: &'a str,
+    bytes: u64,
+    gbps_median: f64,
+    gbps_min: f64,
+    gbps_max: f64,
+    /// None for the disk alone (no GPU).
+    fraction_of_line_rate: Option<f64>,
+    cpu_s_per_gb: f64,
+    seconds_median: f64,
+    cpu_seconds_median: f64,
+    peak_pinned_bytes: u64,
+    registrations: Option<u64>,
+    intact: Option<bool>,
+    checksum: String,
+    error: Option<&'a str>,
+    skipped: Option<&'a str>,
+    samples: &'a [Sample],
+    notes: &'a [(String, String)],
 }
 
-fn s(v: impl Into<String>) -> Json {
-    Json::Str(v.into())
-}
-
-fn f(v: f64) -> Json {
-    if v.is_finite() { Json::Num(v) } else { Json::Null }
-}
-
-fn opt<T>(v: Option<T>, g: impl FnOnce(T) -> Json) -> Json {
-    v.map_or(Json::Null, g)
-}
-
-fn escape(out: &mut String, v: &str) {
-    out.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-impl Json {
-    fn write(&self, out: &mut String, indent: usize) {
-        let pad = |out: &mut String, n: usize| out.extend(std::iter::repeat_n(' ', n));
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Num(v) => {
-                let _ = write!(out, "{v}");
-            }
-            Json::Int(v) => {
-                let _ = write!(out, "{v}");
-            }
-            Json::Str(v) => escape(out, v),
-            Json::Raw(v) => out.push_str(v.trim()),
-            Json::Arr(items) if items.is_empty() => out.push_str("[]"),
-            Json::Arr(items) => {
-                out.push_str("[\n");
-                for (i, it) in items.iter().enumerate() {
-                    pad(out, indent + 2);
-                    it.write(out, indent + 2);
-                    out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
-                }
-                pad(out, indent);
-                out.push(']');
-            }
-            Json::Obj(fields) => {
-                out.push_str("{\n");
-                for (i, (k, v)) in fields.iter().enumerate() {
-                    pad(out, indent + 2);
-                    escape(out, k);
-                    out.push_str(": ");
-                    v.write(out, indent + 2);
-                    out.push_str(if i + 1 < fields.len() { ",\n" } else { "\n" });
-                }
-                pad(out, indent);
-                out.push('}');
-            }
-        }
-    }
-}
-
-fn row_json(r: &Row, line_rate: f64) -> Json {
-    let g = r.gbps();
-    Json::Obj(vec![
-        ("name", s(&r.name)),
-        ("kind", s(r.kind.name())),
-        ("description", s(&r.what)),
-        ("strategy", s(&r.strategy)),
-        ("bytes", Json::Int(r.bytes)),
-        ("gbps_median", f(g.median)),
-        ("gbps_min", f(g.min)),
-        ("gbps_max", f(g.max)),
-        ("fraction_of_line_rate", if r.kind == Kind::Disk { Json::Null } else { f(g.median / line_rate) }),
-        ("cpu_s_per_gb", f(r.cpu_per_gb())),
-        ("seconds_median", f(r.seconds())),
-        ("cpu_seconds_median", f(r.cpu_seconds())),
-        ("peak_pinned_bytes", Json::Int(r.peak_pinned)),
-        ("registrations", opt(r.registrations, Json::Int)),
-        ("intact", opt(r.intact.as_bool(), Json::Bool)),
-        (
-            "checksum",
-            match &r.intact {
-                Intact::Yes(c) | Intact::No { got: c, .. } => s(format!("{c:#018x}")),
-                Intact::Verified(_) => s("read back and compared by the library after each copy (scratch buffer)"),
-                Intact::Unchecked(why) => s(format!("not checked: {why}")),
+impl<'a> RowJson<'a> {
+    fn new(r: &'a Row, line_rate: f64) -> Self {
+        let g = r.gbps();
+        RowJson {
+            name: &r.name,
+            kind: r.kind.name(),
+            description: &r.what,
+            strategy: &r.strategy,
+            bytes: r.bytes,
+            gbps_median: g.median,
+            gbps_min: g.min,
+            gbps_max: g.max,
+            fraction_of_line_rate: (r.kind != Kind::Disk).then(|| g.median / line_rate),
+            cpu_s_per_gb: r.cpu_per_gb(),
+            seconds_median: r.seconds(),
+            cpu_seconds_median: r.cpu_seconds(),
+            peak_pinned_bytes: r.peak_pinned,
+            registrations: r.registrations,
+            intact: r.intact.as_bool(),
+            checksum: match &r.intact {
+                Intact::Yes(c) | Intact::No { got: c, .. } => format!("{c:#018x}"),
+                Intact::Verified(_) => "read back and compared by the library after each copy (scratch buffer)".into(),
+                Intact::Unchecked(why) => format!("not checked: {why}"),
             },
-        ),
-        ("error", opt(r.error.as_deref(), s)),
-        ("skipped", opt(r.skipped.as_deref(), s)),
-        ("h200_reference", opt(h200_ref(&r.name), s)),
-        (
-            "samples",
-            Json::Arr(
-                r.samples
-                    .iter()
-                    .map(|x| Json::Obj(vec![("seconds", f(x.seconds)), ("cpu_seconds", f(x.cpu_seconds))]))
-                    .collect(),
-            ),
-        ),
-        ("notes", Json::Arr(r.notes.iter().map(|(k, v)| Json::Arr(vec![s(k), s(v)])).collect())),
-    ])
+            error: r.error.as_deref(),
+            skipped: r.skipped.as_deref(),
+            samples: &r.samples,
+            notes: &r.notes,
+        }
+    }
 }
 
+#[derive(Serialize)]
+struct DeviceJson<'a> {
+    ordinal: usize,
+    name: &'a str,
+    runtime_version: i32,
+    driver_version: i32,
+    runtime_path: &'a str,
+    memory_free_bytes: u64,
+    memory_total_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct ConfigJson {
+    reps: usize,
+    threads: usize,
+    quick: bool,
+    cores: usize,
+}
+
+#[derive(Serialize)]
+struct FileJson<'a> {
+    path: &'a str,
+    bytes: u64,
+    demo: bool,
+    checksum: String,
+    pin_budget_bytes: u64,
+    destination: &'a str,
+    notes: &'a [String],
+}
+
+#[derive(Serialize)]
+struct OverheadJson {
+    copy_bytes: usize,
+    copies_each: usize,
+    rounds: usize,
+    safe_cpu_us_per_copy: Stats,
+    raw_cpu_us_per_copy: Stats,
+    raw_set_device_cpu_us_per_copy: Stats,
+    safe_wall_us_per_copy: Stats,
+    raw_wall_us_per_copy: Stats,
+    round_overhead_pct: Stats,
+    overhead_pct: f64,
+    medians_overhead_pct: f64,
+    cpu: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct TorchJson<'a> {
+    /// What the script printed, or why it did not run.
+    output: &'a str,
+    /// The JSON the script wrote, as it wrote it.
+    results: Option<&'a serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct TargetJson {
+    name: &'static str,
+    pass: Option<bool>,
+    detail: String,
+}
+
+/// The whole of results.json (and of `--json`).
+#[derive(Serialize)]
+struct Doc<'a> {
+    tool: &'static str,
+    version: &'static str,
+    emulated: bool,
+    label: Option<&'static str>,
+    device: DeviceJson<'a>,
+    config: ConfigJson,
+    line_rate_gbps: f64,
+    line_rate: RowJson<'a>,
+    file: Option<FileJson<'a>>,
+    results: Vec<RowJson<'a>>,
+    pytorch_rows: Vec<RowJson<'a>>,
+    overhead: Option<OverheadJson>,
+    torch_rows: Option<TorchJson<'a>>,
+    targets: Vec<TargetJson>,
+}
+
+/// The results as JSON (numbers that are not finite are null).
 pub fn json(sm: &Summary) -> String {
     let gpu = sm.gpu;
-    let stats_json = |st: Stats| Json::Obj(vec![("median", f(st.median)), ("min", f(st.min)), ("max", f(st.max))]);
-    let doc = Json::Obj(vec![
-        ("tool", s("pinned-mem bench")),
-        ("version", s(env!("CARGO_PKG_VERSION"))),
-        ("emulated", Json::Bool(gpu.emulated)),
-        ("label", if gpu.emulated { s(EMULATED) } else { Json::Null }),
-        (
-            "device",
-            Json::Obj(vec![
-                ("ordinal", Json::Int(gpu.device.ordinal() as u64)),
-                ("name", s(&gpu.name)),
-                ("runtime_version", Json::Int(gpu.runtime_version.max(0) as u64)),
-                ("driver_version", Json::Int(gpu.driver_version.max(0) as u64)),
-                ("runtime_path", s(&gpu.runtime_path)),
-                ("memory_free_bytes", Json::Int(gpu.free)),
-                ("memory_total_bytes", Json::Int(gpu.total)),
-            ]),
-        ),
-        (
-            "config",
-            Json::Obj(vec![
-                ("reps", Json::Int(sm.reps as u64)),
-                ("threads", Json::Int(sm.threads as u64)),
-                ("quick", Json::Bool(sm.opts.quick)),
-                ("cores", Json::Int(crate::util::cores() as u64)),
-            ]),
-        ),
-        ("line_rate_gbps", f(sm.line_rate)),
-        ("line_rate", row_json(sm.line, sm.line_rate)),
-        (
-            "file",
-            opt(sm.file.as_ref(), |fi| {
-                Json::Obj(vec![
-                    ("path", s(&fi.path)),
-                    ("bytes", Json::Int(fi.bytes)),
-                    ("demo", Json::Bool(fi.demo)),
-                    ("checksum", s(format!("{:#018x}", fi.checksum))),
-                    ("pin_budget_bytes", Json::Int(fi.budget)),
-                    ("destination", s(&fi.destination)),
-                    ("notes", Json::Arr(fi.notes.iter().map(s).collect())),
-                ])
-            }),
-        ),
-        ("results", Json::Arr(sm.rows.iter().map(|r| row_json(r, sm.line_rate)).collect())),
-        ("seed", Json::Arr(sm.seed.iter().map(|r| row_json(r, sm.line_rate)).collect())),
-        (
-            "overhead",
-            opt(sm.overhead, |o| {
-                Json::Obj(vec![
-                    ("copy_bytes", Json::Int(crate::overhead::COPY_BYTES as u64)),
-                    ("copies_each", Json::Int(o.copies() as u64)),
-                    ("rounds", Json::Int(o.rounds as u64)),
-                    ("safe_cpu_us_per_copy", stats_json(o.safe_cpu_us)),
-                    ("raw_cpu_us_per_copy", stats_json(o.raw_cpu_us)),
-                    ("raw_set_device_cpu_us_per_copy", stats_json(o.raw_set_cpu_us)),
-                    ("safe_wall_us_per_copy", stats_json(o.safe_wall_us)),
-                    ("raw_wall_us_per_copy", stats_json(o.raw_wall_us)),
-                    ("round_overhead_pct", stats_json(o.round_pct)),
-                    ("overhead_pct", f(o.pct)),
-                    ("medians_overhead_pct", f(o.medians_pct)),
-                    ("cpu", opt(o.cpu, |c| Json::Int(c as u64))),
-                ])
-            }),
-        ),
-        (
-            "torch_seed",
-            opt(sm.torch, |t| Json::Obj(vec![("output", s(&t.text)), ("results", opt(t.json.clone(), Json::Raw))])),
-        ),
-        (
-            "goals",
-            Json::Arr(
-                goals(sm)
-                    .into_iter()
-                    .map(|g| {
-                        Json::Obj(vec![("name", s(g.name)), ("pass", opt(g.pass, Json::Bool)), ("detail", s(g.detail))])
-                    })
-                    .collect(),
-            ),
-        ),
-        ("anchors", s(ANCHORS)),
-    ]);
-    let mut out = String::new();
-    doc.write(&mut out, 0);
+    let doc = Doc {
+        tool: "wirespeed-bench",
+        version: env!("CARGO_PKG_VERSION"),
+        emulated: gpu.emulated,
+        label: gpu.emulated.then_some(EMULATED),
+        device: DeviceJson {
+            ordinal: gpu.device.ordinal(),
+            name: &gpu.name,
+            runtime_version: gpu.runtime_version.max(0),
+            driver_version: gpu.driver_version.max(0),
+            runtime_path: &gpu.runtime_path,
+            memory_free_bytes: gpu.free,
+            memory_total_bytes: gpu.total,
+        },
+        config: ConfigJson { reps: sm.reps, threads: sm.threads, quick: sm.opts.quick, cores: crate::util::cores() },
+        line_rate_gbps: sm.line_rate,
+        line_rate: RowJson::new(sm.line, sm.line_rate),
+        file: sm.file.as_ref().map(|fi| FileJson {
+            path: &fi.path,
+            bytes: fi.bytes,
+            demo: fi.demo,
+            checksum: format!("{:#018x}", fi.checksum),
+            pin_budget_bytes: fi.budget,
+            destination: &fi.destination,
+            notes: &fi.notes,
+        }),
+        results: sm.rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),
+        pytorch_rows: sm.pytorch_rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),
+        overhead: sm.overhead.map(|o| OverheadJson {
+            copy_bytes: crate::overhead::COPY_BYTES,
+            copies_each: o.copies(),
+            rounds: o.rounds,
+            safe_cpu_us_per_copy: o.safe_cpu_us,
+            raw_cpu_us_per_copy: o.raw_cpu_us,
+            raw_set_device_cpu_us_per_copy: o.raw_set_cpu_us,
+            safe_wall_us_per_copy: o.safe_wall_us,
+            raw_wall_us_per_copy: o.raw_wall_us,
+            round_overhead_pct: o.round_pct,
+            overhead_pct: o.pct,
+            medians_overhead_pct: o.medians_pct,
+            cpu: o.cpu,
+        }),
+        torch_rows: sm.torch.map(|t| TorchJson { output: &t.text, results: t.json.as_ref() }),
+        targets: targets(sm).into_iter().map(|g| TargetJson { name: g.name, pass: g.pass, detail: g.detail }).collect(),
+    };
+    // Serializing plain structs of strings and numbers cannot fail.
+    let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
     out.push('\n');
     out
 }
 
 // ---------------------------------------------------------------- CSV
 
-fn csv_field(v: &str) -> String {
-    if v.contains([',', '"', '\n']) { format!("\"{}\"", v.replace('"', "\"\"")) } else { v.to_string() }
+/// One line of results.csv; empty cells for what was not measured.
+#[derive(Serialize)]
+struct CsvRow<'a> {
+    kind: &'a str,
+    name: &'a str,
+    description: &'a str,
+    strategy: &'a str,
+    bytes: Option<u64>,
+    reps: usize,
+    gbps_median: Option<f64>,
+    gbps_min: Option<f64>,
+    gbps_max: Option<f64>,
+    fraction_of_line_rate: Option<f64>,
+    cpu_s_per_gb: Option<f64>,
+    peak_pinned_bytes: Option<u64>,
+    intact: Option<bool>,
+    error: Option<String>,
+    emulated: bool,
 }
 
-pub fn csv(sm: &Summary) -> String {
-    let mut out = String::from(
-        "kind,name,description,strategy,bytes,reps,gbps_median,gbps_min,gbps_max,fraction_of_line_rate,cpu_s_per_gb,peak_pinned_bytes,intact,error,emulated\n",
-    );
-    let cell = |v: f64| if v.is_finite() { format!("{v:.6}") } else { String::new() };
-    for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.seed) {
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+/// The results as CSV: one line per run, and one for the overhead microbenchmark.
+pub fn csv(sm: &Summary) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.pytorch_rows) {
         let g = r.gbps();
-        let frac = if r.kind == Kind::Disk { String::new() } else { cell(g.median / sm.line_rate) };
-        let intact = r.intact.as_bool().map_or(String::new(), |b| b.to_string());
-        let err = r.error.clone().or_else(|| r.skipped.as_ref().map(|s| format!("skipped: {s}"))).unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            r.kind.name(),
-            csv_field(&r.name),
-            csv_field(&r.what),
-            csv_field(&r.strategy),
-            r.bytes,
-            r.samples.len(),
-            cell(g.median),
-            cell(g.min),
-            cell(g.max),
-            frac,
-            cell(r.cpu_per_gb()),
-            r.peak_pinned,
-            intact,
-            csv_field(&err),
-            sm.gpu.emulated
-        );
+        w.serialize(CsvRow {
+            kind: r.kind.name(),
+            name: &r.name,
+            description: &r.what,
+            strategy: &r.strategy,
+            bytes: Some(r.bytes),
+            reps: r.samples.len(),
+            gbps_median: finite(g.median),
+            gbps_min: finite(g.min),
+            gbps_max: finite(g.max),
+            fraction_of_line_rate: if r.kind == Kind::Disk { None } else { finite(g.median / sm.line_rate) },
+            cpu_s_per_gb: finite(r.cpu_per_gb()),
+            peak_pinned_bytes: Some(r.peak_pinned),
+            intact: r.intact.as_bool(),
+            error: r.error.clone().or_else(|| r.skipped.as_ref().map(|s| format!("skipped: {s}"))),
+            emulated: sm.gpu.emulated,
+        })?;
     }
     if let Some(o) = sm.overhead {
         let what = format!(
             "CPU us per 64 KiB async copy: cuda-safe {:.4}, raw {:.4}, overhead {:+.2} %",
             o.safe_cpu_us.median, o.raw_cpu_us.median, o.pct
         );
-        let _ = writeln!(out, "overhead,safe-vs-raw,{},,,{},,,,,,,,,{}", csv_field(&what), o.rounds, sm.gpu.emulated);
+        w.serialize(CsvRow {
+            kind: "overhead",
+            name: "safe-vs-raw",
+            description: &what,
+            strategy: "",
+            bytes: None,
+            reps: o.rounds,
+            gbps_median: None,
+            gbps_min: None,
+            gbps_max: None,
+            fraction_of_line_rate: None,
+            cpu_s_per_gb: None,
+            peak_pinned_bytes: None,
+            intact: None,
+            error: None,
+            emulated: sm.gpu.emulated,
+        })?;
     }
-    out
+    let bytes = w.into_inner().map_err(|e| Fatal::Run(format!("writing results.csv: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| Fatal::Run(format!("results.csv: {e}")))
 }
 
 // ---------------------------------------------------------------- SVG
@@ -793,7 +762,7 @@ fn xml(v: &str) -> String {
 
 /// A horizontal bar chart of GB/s per run, whiskers at min-max, a line at the line rate.
 pub fn svg(sm: &Summary) -> String {
-    let bars: Vec<&Row> = std::iter::once(sm.line).chain(sm.rows).chain(sm.seed).filter(|r| r.ok()).collect();
+    let bars: Vec<&Row> = std::iter::once(sm.line).chain(sm.rows).chain(sm.pytorch_rows).filter(|r| r.ok()).collect();
     let (left, width, bar_h, gap, top) = (190.0, 640.0, 20.0, 8.0, 80.0);
     let max = bars.iter().map(|r| r.gbps().max).fold(sm.line_rate, f64::max).max(1e-9) * 1.12;
     let x = |v: f64| left + v / max * width;
@@ -821,7 +790,7 @@ pub fn svg(sm: &Summary) -> String {
         ("#2b6cb0", "line rate"),
         ("#38a169", "file to GPU"),
         ("#a0aec0", "disk alone (O_DIRECT)"),
-        ("#dd6b20", "the seed's experiment"),
+        ("#dd6b20", "PyTorch's row-by-row copy"),
         ("#e53e3e", "data damaged"),
     ] {
         let _ = writeln!(
@@ -837,7 +806,7 @@ pub fn svg(sm: &Summary) -> String {
         let color = match r.kind {
             Kind::LineRate => "#2b6cb0",
             Kind::Disk => "#a0aec0",
-            Kind::Seed => "#dd6b20",
+            Kind::Rows => "#dd6b20",
             Kind::Stream if r.intact.as_bool() == Some(false) => "#e53e3e",
             Kind::Stream => "#38a169",
         };
@@ -899,4 +868,20 @@ pub fn svg(sm: &Summary) -> String {
     );
     o.push_str("</svg>\n");
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_json_has_null_for_what_was_not_measured() {
+        let row = Row::skipped("disk-direct", Kind::Disk, "O_DIRECT reads", "the file is on tmpfs");
+        let v = serde_json::to_value(RowJson::new(&row, 10.0)).unwrap();
+        assert_eq!(v["name"], "disk-direct");
+        assert_eq!(v["kind"], "disk");
+        assert!(v["gbps_median"].is_null() && v["fraction_of_line_rate"].is_null() && v["intact"].is_null());
+        assert_eq!(v["skipped"], "the file is on tmpfs");
+        assert_eq!(v["samples"], serde_json::json!([]));
+    }
 }

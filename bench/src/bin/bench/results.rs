@@ -10,8 +10,8 @@ pub enum Kind {
     Stream,
     /// The disk alone, no GPU.
     Disk,
-    /// The seed's experiment.
-    Seed,
+    /// The PyTorch row-by-row experiment (`--pytorch-rows`).
+    Rows,
 }
 
 impl Kind {
@@ -20,7 +20,7 @@ impl Kind {
             Kind::LineRate => "line-rate",
             Kind::Stream => "stream",
             Kind::Disk => "disk",
-            Kind::Seed => "seed",
+            Kind::Rows => "pytorch-rows",
         }
     }
 }
@@ -64,7 +64,7 @@ impl Intact {
 }
 
 /// One repetition: wall seconds and process CPU seconds.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Sample {
     pub seconds: f64,
     pub cpu_seconds: f64,
@@ -89,7 +89,7 @@ pub struct Row {
     pub error: Option<String>,
     /// The run was skipped, and why (not a failure).
     pub skipped: Option<String>,
-    /// More facts worth printing (name, value).
+    /// More details worth printing (name, value).
     pub notes: Vec<(String, String)>,
 }
 

@@ -1,7 +1,5 @@
-//! Small helpers: the bench's error type, CPU time, host facts, sizes, statistics.
+//! Small helpers: the bench's error type, what the host has, sizes, statistics.
 
-use nix::sys::resource::{UsageWho, getrusage};
-use nix::sys::time::TimeVal;
 use std::fmt;
 use std::path::Path;
 
@@ -53,30 +51,6 @@ impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
     }
 }
 
-fn seconds(t: TimeVal) -> f64 {
-    t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6
-}
-
-/// User + system CPU seconds of the whole process (every thread, the library's
-/// filler threads and the CUDA driver's own included).
-pub fn process_cpu_seconds() -> f64 {
-    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| seconds(u.user_time()) + seconds(u.system_time()))
-}
-
-/// CPU seconds of the calling thread, to the nanosecond (`getrusage` may count
-/// in scheduler ticks, too coarse for a batch of microsecond calls).
-pub fn thread_cpu_seconds() -> f64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `t` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is
-    // always supported on Linux and clock_gettime writes nothing else.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    if rc == 0 {
-        t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-    } else {
-        getrusage(UsageWho::RUSAGE_THREAD).map_or(0.0, |u| seconds(u.user_time()) + seconds(u.system_time()))
-    }
-}
-
 /// Logical cores available to this process.
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -116,32 +90,8 @@ pub fn fmt_bytes(n: u64) -> String {
     if n.is_multiple_of(div) { format!("{} {unit}", n / div) } else { format!("{:.2} {unit}", n as f64 / div as f64) }
 }
 
-/// Parses "4G", "512M", "1.5GiB", "64k", "4096" (K, M, G, T are powers of 1024).
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let stripped = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
-    let (num, mult) = match stripped.chars().last() {
-        Some('k') => (&stripped[..stripped.len() - 1], KIB),
-        Some('m') => (&stripped[..stripped.len() - 1], MIB),
-        Some('g') => (&stripped[..stripped.len() - 1], GIB),
-        Some('t') => (&stripped[..stripped.len() - 1], GIB * 1024),
-        _ => (stripped, 1),
-    };
-    let bad = || format!("{s:?} is not a size (examples: 4G, 512M, 1.5GiB, 65536)");
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(bad());
-    }
-    let bytes = v * mult as f64;
-    if bytes > u64::MAX as f64 / 2.0 {
-        return Err(format!("{s:?} is too large"));
-    }
-    Ok(bytes.round() as u64)
-}
-
 /// Median, minimum and maximum of some values.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Stats {
     pub median: f64,
     pub min: f64,
@@ -173,17 +123,6 @@ pub fn round_down(value: u64, to: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4G"), Ok(4 * GIB));
-        assert_eq!(parse_size("512MiB"), Ok(512 * MIB));
-        assert_eq!(parse_size("1.5g"), Ok(3 * GIB / 2));
-        assert_eq!(parse_size("65536"), Ok(65536));
-        assert_eq!(parse_size("64kB"), Ok(64 * KIB));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1G").is_err());
-    }
 
     #[test]
     fn median() {

@@ -34,25 +34,7 @@ impl Gpu {
     }
 }
 
-const EMULATOR_REBUILD: &str =
-    "cargo run --release -p wirespeed-pinned --features emulator --bin bench -- --emulated --quick";
-
-#[cfg(feature = "emulator")]
-fn use_emulator() -> Result<Option<String>> {
-    let path = wirespeed_cuda::sys::emulator::library_path()
-        .map_err(|e| Fatal::NoGpu(format!("--emulated: the emulated runtime could not be made ready: {e}")))?;
-    wirespeed_cuda::sys::emulator::install()
-        .map_err(|e| Fatal::NoGpu(format!("--emulated: cannot select the emulated runtime: {e}")))?;
-    Ok(Some(path))
-}
-
-#[cfg(not(feature = "emulator"))]
-fn use_emulator() -> Result<Option<String>> {
-    Err(Fatal::Usage(format!(
-        "--emulated: this build of bench does not contain the emulated runtime.\n\
-         Rebuild it with the `emulator` feature, e.g.\n    {EMULATOR_REBUILD}"
-    )))
-}
+const EMULATOR_REBUILD: &str = "cargo run --release -p wirespeed-bench --features emulator -- --emulated --quick";
 
 fn emulator_hint() -> String {
     if cfg!(feature = "emulator") {
@@ -108,7 +90,14 @@ fn no_gpu(found: String) -> Fatal {
 
 /// Loads the runtime (the emulated one with `--emulated`) and picks device 0.
 pub fn select(opts: &Options) -> Result<Gpu> {
-    let wanted = if opts.emulated { use_emulator()? } else { None };
+    let wanted = if opts.emulated {
+        Some(
+            wirespeed_bench::emulator::select(EMULATOR_REBUILD)
+                .map_err(|e| if cfg!(feature = "emulator") { Fatal::NoGpu(e) } else { Fatal::Usage(e) })?,
+        )
+    } else {
+        None
+    };
     let rt = wirespeed_cuda::sys::runtime().map_err(|e| no_gpu(load_error(&e)))?;
     if let Some(w) = &wanted
         && rt.path() != w

@@ -1,66 +1,46 @@
-//! `bench`: the seed's question ("why is pinned memory slower?") as one
-//! command. It measures the line rate, then streams a file to the GPU with
-//! every way of feeding it (pageable copies, per-batch pinned allocation, the
-//! pinned ring, registered windows, whole-file registration, the hybrid, cold
-//! reads, the library's automatic choice) and prints GB/s, the fraction of the
-//! line rate, CPU seconds per GB, peak pinned bytes and whether the data
-//! arrived intact, with the pinned-mem goals as PASS/MISS lines.
+//! `bench`: "why is pinned memory slower?" answered by one command. It
+//! measures the line rate, then streams a file to the GPU with every way of
+//! feeding it (pageable copies, per-batch pinned allocation, the pinned ring,
+//! registered windows, whole-file registration, the hybrid, cold reads, the
+//! library's automatic choice) and prints GB/s, the fraction of the line rate,
+//! CPU seconds per GB, peak pinned bytes and whether the data arrived intact,
+//! with the bench's targets as PASS/MISS lines.
 //!
 //! ```text
-//! cargo run --release -p wirespeed-pinned --bin bench                  # demo file, every strategy
-//! cargo run --release -p wirespeed-pinned --bin bench -- my.memmap     # your file
-//! cargo run --release -p wirespeed-pinned --bin bench -- --seed        # the seed's experiment
-//! cargo run -p wirespeed-pinned --features emulator --bin bench -- --emulated --quick
+//! cargo run --release -p wirespeed-bench                         # demo file, every strategy
+//! cargo run --release -p wirespeed-bench -- my.memmap            # your file
+//! cargo run --release -p wirespeed-bench -- --pytorch-rows       # PyTorch's row-by-row copy
+//! cargo run -p wirespeed-bench --features emulator -- --emulated --quick   # no GPU needed
 //! ```
 //!
 //! See `bench --help` for every option.
 
-#[path = "bench/args.rs"]
 mod args;
-#[path = "bench/checksum.rs"]
 mod checksum;
-#[path = "bench/data.rs"]
 mod data;
-#[path = "bench/gpu.rs"]
 mod gpu;
-#[path = "bench/output.rs"]
 mod output;
-#[path = "bench/overhead.rs"]
 mod overhead;
-#[path = "bench/progress.rs"]
 mod progress;
-#[path = "bench/rawcuda.rs"]
 mod rawcuda;
-#[path = "bench/results.rs"]
 mod results;
-#[path = "bench/runs.rs"]
+mod rows;
 mod runs;
-#[path = "bench/seed.rs"]
-mod seed;
-#[path = "bench/util.rs"]
 mod util;
 
-use args::{Options, Parsed};
+use args::Options;
+use clap::Parser;
 use output::{FileInfo, Summary};
 use progress::Progress;
 use runs::Bench;
 use std::io::Write;
 use std::process::ExitCode;
-use util::{Context, Fatal, MIB, Result, cores, fmt_bytes, round_down};
+use util::{Context, Fatal, MIB, Result, fmt_bytes, round_down};
 
 fn main() -> ExitCode {
-    let opts = match args::parse(std::env::args_os().skip(1)) {
-        Ok(Parsed::Help) => {
-            let _ = std::io::stdout().lock().write_all(args::USAGE.as_bytes());
-            return ExitCode::SUCCESS;
-        }
-        Ok(Parsed::Run(o)) => o,
-        Err(e) => {
-            eprintln!("bench: {e}\n(bench --help lists the options)");
-            return ExitCode::from(2);
-        }
-    };
-    match run(*opts) {
+    // Bad arguments exit 2 (clap's usage errors), --help and --version 0.
+    let opts = Options::parse();
+    match run(opts) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{}{e}", if matches!(e, Fatal::NoGpu(_)) { "" } else { "bench: " });
@@ -82,7 +62,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         progress.note(&format!("*** {} ***", output::EMULATED));
     }
     progress.note(&gpu.describe());
-    let threads = opts.threads.unwrap_or_else(cores);
+    let threads = opts.threads();
     let reps = opts.reps();
     let stream = wirespeed_cuda::Stream::new(&gpu.device)?;
     let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
@@ -114,10 +94,10 @@ fn run(opts: Options) -> Result<ExitCode> {
             notes: data.notes.clone(),
         });
     } // the demo file is removed here
-    let seed_rows = if opts.seed { seed::run(&mut b)? } else { Vec::new() };
-    let torch = opts.seed.then(|| seed::torch(&b, seed::rows(opts.quick)));
+    let pytorch_rows = if opts.pytorch_rows { rows::run(&mut b)? } else { Vec::new() };
+    let torch = opts.pytorch_rows.then(|| rows::torch(&b, rows::row_count(opts.quick)));
     let overhead =
-        if opts.overhead || (!opts.seed && opts.only.is_none()) { Some(overhead::run(&mut b)?) } else { None };
+        if opts.overhead || (!opts.pytorch_rows && opts.only.is_none()) { Some(overhead::run(&mut b)?) } else { None };
 
     let summary = Summary {
         gpu: &b.gpu,
@@ -128,7 +108,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         line: &line,
         file,
         rows: &rows,
-        seed: &seed_rows,
+        pytorch_rows: &pytorch_rows,
         overhead: overhead.as_ref(),
         torch: torch.as_ref(),
     };
@@ -143,7 +123,7 @@ fn run(opts: Options) -> Result<ExitCode> {
     if let Some(dir) = &opts.out {
         for (name, body) in [
             ("results.json", output::json(&summary)),
-            ("results.csv", output::csv(&summary)),
+            ("results.csv", output::csv(&summary)?),
             ("chart.svg", output::svg(&summary)),
         ] {
             let p = dir.join(name);
@@ -151,7 +131,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         }
         eprintln!("wrote results.json, results.csv and chart.svg to {}", dir.display());
     }
-    let all = std::iter::once(&line).chain(&rows).chain(&seed_rows);
+    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows);
     let failed: Vec<&str> =
         all.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
     if failed.is_empty() {

@@ -1,8 +1,8 @@
 //! `multi`: one page-cached file streamed to every visible GPU at once.
 //!
 //! ```text
-//! cargo run --release -p wirespeed-pinned --bin multi                       # 4 GiB file, budget file/8
-//! cargo run -p wirespeed-pinned --features emulator --bin multi -- --emulated --size 64M   # CUDA_EMU_DEVICES=2
+//! cargo run --release -p wirespeed-bench --bin multi                       # 4 GiB file, budget file/8
+//! cargo run -p wirespeed-bench --features emulator --bin multi -- --emulated --size 64M   # CUDA_EMU_DEVICES=2
 //! ```
 //!
 //! It measures each GPU's line rate alone and all of them at once (resident
@@ -13,12 +13,11 @@
 //! per-GPU line rates measured in the same run; the last pass of every run is
 //! copied back and compared.
 
-#[path = "common/demo.rs"]
-mod demo;
-use demo::cpu_seconds;
-use demo::pattern_file;
+use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
+use wirespeed_bench::cpu;
+use wirespeed_bench::{parse_count, parse_size, pattern_file};
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, PinnedFlags, Stream};
 use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
@@ -49,6 +48,23 @@ fn line_rate(devs: &[Device], bytes: usize, reps: usize) -> Res<f64> {
     Ok((bytes * reps * devs.len()) as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
 
+/// One page-cached file streamed to every visible GPU at once.
+#[derive(Debug, Parser)]
+#[command(name = "multi", version)]
+struct Args {
+    /// Size of the file streamed (K/M/G/T are powers of 1024)
+    #[arg(long, value_name = "BYTES", default_value = "4G", value_parser = parse_size)]
+    size: u64,
+
+    /// Timed passes per run, after one untimed
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = parse_count)]
+    reps: usize,
+
+    /// Use the emulated CUDA runtime (needs a build with `--features emulator`)
+    #[arg(long)]
+    emulated: bool,
+}
+
 struct Row {
     name: String,
     strategy: String,
@@ -58,30 +74,11 @@ struct Row {
 }
 
 fn run() -> Res<()> {
-    let mut size: u64 = 4 << 30;
-    let mut reps = 3;
-    let mut emulated = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--size" => {
-                let v = args.next().ok_or("--size needs a value")?;
-                let (n, m) = match v.strip_suffix(['G', 'g']) {
-                    Some(n) => (n, 1u64 << 30),
-                    None => v.strip_suffix(['M', 'm']).map_or((v.as_str(), 1), |n| (n, 1 << 20)),
-                };
-                size = n.parse::<u64>().map_err(|_| "--size: e.g. 4G or 512M")? * m;
-            }
-            "--reps" => reps = args.next().and_then(|v| v.parse().ok()).ok_or("--reps: a number")?,
-            "--emulated" => emulated = true,
-            _ => return Err("usage: multi [--size 4G] [--reps 3] [--emulated]".into()),
-        }
-    }
+    let Args { size, reps, emulated } = Args::parse();
     if emulated {
-        #[cfg(feature = "emulator")]
-        wirespeed_cuda_sys::emulator::install().map_err(err("emulator"))?;
-        #[cfg(not(feature = "emulator"))]
-        return Err("--emulated needs a build with --features emulator".into());
+        wirespeed_bench::emulator::select(
+            "cargo run --release -p wirespeed-bench --features emulator --bin multi -- --emulated --size 64M",
+        )?;
     }
     let devs = Device::all().map_err(err("no GPU"))?;
     let names: Vec<String> = devs.iter().map(|d| d.name().unwrap_or_default()).collect();
@@ -100,12 +97,12 @@ fn run() -> Res<()> {
         together / sum
     );
 
-    let path = std::env::temp_dir().join(format!("pinned-mem-multi-{}.bin", std::process::id()));
-    pattern_file(&path, size).map_err(err("demo file"))?;
+    let temp = pattern_file("wirespeed-multi-", size).map_err(err("demo file"))?;
+    let path = temp.path();
     let result = (|| -> Res<Vec<Row>> {
         // SAFETY: the demo file is this process's own, written above, and
         // nothing changes it until it is removed after the runs.
-        let file = unsafe { MappedFile::open(&path) }.map_err(err("map"))?;
+        let file = unsafe { MappedFile::open(path) }.map_err(err("map"))?;
         let len = file.len();
         let budget = len / 8;
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
@@ -115,7 +112,7 @@ fn run() -> Res<()> {
             .collect::<Result<_, _>>()
             .map_err(err("device buffers"))?;
         // Reads `buf` (on device `i`) back and compares it with file bytes `r`
-        // (one pinned buffer, allocated once: pinning costs 0.34 s per GiB).
+        // (one pinned buffer, allocated once: pinning is slow).
         let back = std::cell::RefCell::new(PinnedBuffer::<u8>::new(len as usize).map_err(err("readback"))?);
         let check = |i: usize, buf: &DeviceBuffer<u8>, r: std::ops::Range<u64>| -> Res<bool> {
             let mut back = back.borrow_mut();
@@ -146,12 +143,12 @@ fn run() -> Res<()> {
         for (name, strategy, b) in plans {
             let st = Streamer::new(&devs, StreamConfig::new(strategy, PinBudget::new(b))).map_err(err(name))?;
             st.to_devices(&file, 0..len, &mut dsts).map_err(err(name))?; // untimed first pass
-            let (c0, t0) = (cpu_seconds(), Instant::now());
+            let (c0, t0) = (cpu::process_seconds(), Instant::now());
             let mut used = String::new();
             for _ in 0..reps {
                 used = st.to_devices(&file, 0..len, &mut dsts).map_err(err(name))?.strategy.to_string();
             }
-            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
             let moved = (len * devs.len() as u64 * reps as u64) as f64 / 1e9;
             let mut intact = true;
             for (i, d) in dsts.iter().enumerate() {
@@ -196,12 +193,12 @@ fn run() -> Res<()> {
             })
         };
         pass(&mut shares)?; // untimed first pass
-        let (c0, t0) = (cpu_seconds(), Instant::now());
+        let (c0, t0) = (cpu::process_seconds(), Instant::now());
         let mut used = String::new();
         for _ in 0..reps {
             used = pass(&mut shares)?;
         }
-        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
         let moved = (len * reps as u64) as f64 / 1e9;
         let mut intact = true;
         for ((i, r), d) in parts.iter().zip(&shares) {
@@ -216,7 +213,7 @@ fn run() -> Res<()> {
         });
         Ok(rows)
     })();
-    let _ = std::fs::remove_file(&path);
+    drop(temp); // removes the demo file
     let rows = result?;
     println!(
         "{} file, pin budget {} MiB, {reps} timed passes after one untimed; GB/s = bytes landed on all GPUs / time",

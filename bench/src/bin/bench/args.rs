@@ -1,0 +1,235 @@
+//! Command-line options.
+
+use crate::util::GIB;
+use clap::Parser;
+use std::path::PathBuf;
+use wirespeed_bench::{parse_count, parse_size};
+
+const ABOUT: &str = "Which way of feeding the GPU from host memory is fast, by how much, and why.";
+
+const LONG_ABOUT: &str = "\
+Which way of feeding the GPU from host memory is fast, by how much, and why.
+
+With no FILE it writes a demo file (4 GiB, less when disk or RAM are short) in the temporary \
+folder, streams it to GPU 0 with every strategy, and removes it. With FILE (any size, e.g. your \
+own np.memmap) it streams that file instead; it is mapped, so it must not be written or \
+truncated while the bench runs.";
+
+const AFTER_HELP: &str = "The strategies (--only), the environment and the exit status: see --help.";
+
+const AFTER_LONG_HELP: &str = "\
+STRATEGIES (--only):
+    pageable          cudaMemcpy straight from the file mapping, 64 MiB chunks
+    per-batch-pinned  cudaHostAlloc + memcpy + copy + cudaFreeHost per 64 MiB chunk
+    ring-T            pinned ring, allocated once, T filler threads (T = 1, 4, 8, --threads)
+    windows           sliding windows of the mapping, registered in place, 3 in flight
+    hybrid            registered windows and the pinned ring together
+    whole-file        the whole file registered once (ignores the pin budget)
+    auto              the library's automatic choice within the pin budget
+    budget-reuse      data within the pin budget: registered once, copied again
+    disk-direct       O_DIRECT reads of the file, no GPU: what the disk gives (`dd iflag=direct`)
+    cold-auto         page cache dropped (POSIX_FADV_DONTNEED) before each run, then auto
+    cold-direct       page cache dropped, O_DIRECT reads into pinned slots
+    (the line rate, a resident pinned buffer copied with cudaMemcpyAsync, is always measured)
+
+ENVIRONMENT:
+    CUDA_SYS_RUNTIME  path of the libcudart.so to load (else libcudart.so.13, .so.12, .so)
+    TMPDIR            where the demo file goes
+
+EXIT STATUS:
+    0 every run finished and every copy arrived intact; 1 a run failed or data arrived
+    damaged; 2 bad arguments or no usable GPU.";
+
+/// Every strategy name, in the order the runs happen.
+pub const STRATEGY_FAMILIES: &[&str] = &[
+    "pageable",
+    "per-batch-pinned",
+    "ring",
+    "windows",
+    "hybrid",
+    "whole-file",
+    "auto",
+    "budget-reuse",
+    "disk-direct",
+    "cold-auto",
+    "cold-direct",
+];
+
+/// The strategies `--only` selected (lower case, checked against [`STRATEGY_FAMILIES`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Only(pub Vec<String>);
+
+fn parse_only(v: &str) -> Result<Only, String> {
+    let list: Vec<String> = v.split(',').map(|x| x.trim().to_ascii_lowercase()).filter(|x| !x.is_empty()).collect();
+    if list.is_empty() {
+        return Err("needs at least one strategy name".into());
+    }
+    for n in &list {
+        let ok = STRATEGY_FAMILIES.iter().any(|f| f == n || f.starts_with(&format!("{n}-")))
+            || n.strip_prefix("ring-").is_some_and(|t| t.parse::<usize>().is_ok_and(|t| t >= 1))
+            || n == "cold";
+        if !ok {
+            return Err(format!(
+                "unknown strategy {n:?}; known: {}, ring-T (T threads), cold",
+                STRATEGY_FAMILIES.join(", ")
+            ));
+        }
+    }
+    Ok(Only(list))
+}
+
+fn parse_demo_size(v: &str) -> Result<u64, String> {
+    match parse_size(v)? {
+        0 => Err("must be more than 0".into()),
+        s if s > 64 * 1024 * GIB => Err("more than 64 TiB is surely a typo".into()),
+        s => Ok(s),
+    }
+}
+
+fn parse_budget(v: &str) -> Result<u64, String> {
+    match parse_size(v)? {
+        s if s < 4096 => Err("must be at least 4 KiB".into()),
+        s => Ok(s),
+    }
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "bench",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    after_long_help = AFTER_LONG_HELP
+)]
+pub struct Options {
+    /// The file to stream (default: a demo file, written and removed)
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+
+    /// Demo file size: 4G, 512M, 1.5GiB, 65536 (K/M/G/T are powers of 1024)
+    #[arg(long, value_name = "BYTES", value_parser = parse_demo_size, conflicts_with = "file")]
+    pub size: Option<u64>,
+
+    /// Pin budget (default: file size / 8, so that the default run measures the target for a
+    /// file 8x the budget)
+    #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
+    pub budget: Option<u64>,
+
+    /// Repetitions per strategy; the median is reported, min-max shown (default 3, 1 with --quick)
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub reps: Option<usize>,
+
+    /// Most filler threads for the pinned ring (default: the number of cores; at most 1024)
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub threads: Option<usize>,
+
+    /// Run only these strategies (named in --help; a family name such as `ring` or `cold` selects
+    /// all its members)
+    #[arg(long, value_name = "A,B,...", value_parser = parse_only)]
+    pub only: Option<Only>,
+
+    /// PyTorch's row-by-row copy: 1024 rows of 2.5 MiB to the GPU one at a time, a fresh pinned
+    /// buffer per row vs pageable vs pinned once; with PyTorch's own rows where torch is
+    /// importable
+    #[arg(long)]
+    pub pytorch_rows: bool,
+
+    /// The safe-layer overhead microbenchmark (cuda-safe vs raw cuda-sys, CPU time per 64 KiB
+    /// async copy); runs in the default run too
+    #[arg(long)]
+    pub overhead: bool,
+
+    /// Use the emulated CUDA runtime (needs a build with `--features emulator`)
+    #[arg(long)]
+    pub emulated: bool,
+
+    /// Write results.json, results.csv and chart.svg into DIR
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// Print the results as JSON on stdout (the tables then go to stderr)
+    #[arg(long)]
+    pub json: bool,
+
+    /// Small sizes and 1 repetition (CI, the emulator)
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Skip the cold-read runs and the O_DIRECT disk measurement
+    #[arg(long)]
+    pub no_cold: bool,
+}
+
+impl Options {
+    /// Repetitions: --reps, else 1 with --quick, else 3.
+    pub fn reps(&self) -> usize {
+        self.reps.unwrap_or(if self.quick { 1 } else { 3 })
+    }
+
+    /// Filler threads: --threads (at most 1024), else the cores.
+    pub fn threads(&self) -> usize {
+        self.threads.map_or_else(crate::util::cores, |t| t.min(1024))
+    }
+
+    /// Whether the file-streaming runs happen (not when only --pytorch-rows/--overhead were asked).
+    pub fn streams(&self) -> bool {
+        !(self.pytorch_rows || self.overhead) || self.file.is_some() || self.size.is_some() || self.only.is_some()
+    }
+
+    /// Whether strategy `name` (e.g. "ring-4") was selected.
+    pub fn selected(&self, name: &str) -> bool {
+        if self.no_cold && (name.starts_with("cold") || name == "disk-direct") {
+            return false;
+        }
+        match &self.only {
+            None => true,
+            Some(Only(list)) => list
+                .iter()
+                .any(|o| o == name || name.strip_prefix(o.as_str()).is_some_and(|rest| rest.starts_with('-'))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn p(a: &[&str]) -> Result<Options, clap::Error> {
+        Options::try_parse_from(std::iter::once("bench").chain(a.iter().copied()))
+    }
+
+    #[test]
+    fn command() {
+        Options::command().debug_assert();
+    }
+
+    #[test]
+    fn options() {
+        let o = p(&["--size", "1G", "--reps=5", "--only", "ring,auto"]).unwrap();
+        assert_eq!(o.size, Some(GIB));
+        assert_eq!(o.reps(), 5);
+        assert!(o.selected("ring-4") && o.selected("auto") && !o.selected("windows"));
+        assert!(p(&["--size", "1G", "data.bin"]).is_err());
+        let o = p(&["f.bin", "--only=Cold,"]).unwrap();
+        assert!(o.selected("cold-auto") && o.selected("cold-direct") && !o.selected("auto"));
+        assert!(p(&["--only", "nope"]).is_err());
+        assert!(p(&["--only", ","]).is_err());
+        assert!(p(&["--reps", "0"]).is_err());
+        assert!(p(&["--size", "0"]).is_err());
+        assert!(p(&["--size", "65T"]).is_err());
+        assert!(p(&["--budget", "4000"]).is_err());
+        assert!(p(&["--size"]).is_err());
+        assert!(p(&["--frobnicate"]).is_err());
+        assert!(p(&["a", "b"]).is_err());
+        assert!(p(&["--json=1"]).is_err());
+        assert_eq!(p(&["-h"]).unwrap_err().kind(), clap::error::ErrorKind::DisplayHelp);
+        assert_eq!(p(&["--threads", "5000"]).unwrap().threads(), 1024);
+        let o = p(&["--quick", "--no-cold"]).unwrap();
+        assert_eq!(o.reps(), 1);
+        assert!(!o.selected("cold-direct") && !o.selected("disk-direct") && o.selected("pageable"));
+        assert!(p(&["--pytorch-rows"]).is_ok_and(|o| !o.streams()));
+        assert!(p(&[]).is_ok_and(|o| o.streams()));
+    }
+}
