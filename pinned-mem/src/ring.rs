@@ -14,8 +14,12 @@
 //! Dropping any of them returns the slot to the ring (an in-flight one to the
 //! in-flight queue). Forgetting one loses the slot (the ring has one fewer) and,
 //! since each handle holds the ring's shared state, keeps the whole ring (its K
-//! pinned slots and its budget reservation) alive for the rest of the process;
-//! memory safety never depends on it, since each slot is a
+//! pinned slots and its budget reservation) alive for the rest of the process,
+//! and with it every [`Stream`] its events were recorded on (an in-flight slot
+//! keeps the events of its copies, and each event keeps its stream: the
+//! stream's handle, its device memory for the queue and, on a real GPU, its
+//! place in the context, until the process exits). Memory safety never
+//! depends on it, since each slot is a
 //! [`PinnedBuffer`](wirespeed_cuda::PinnedBuffer) whose fence makes host access wait
 //! for the device anyway.
 //!

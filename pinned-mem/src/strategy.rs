@@ -85,6 +85,12 @@ pub(crate) const HYBRID_SLOTS_PER_THREAD: usize = 4;
 const AUTO_SLOT: u64 = 4 << 20;
 /// The most filler or reader threads a strategy may ask for.
 pub(crate) const MAX_THREADS: usize = 1024;
+/// The most windows in flight or ring slots a strategy may ask for (the agents
+/// keep state per window and per slot).
+pub(crate) const MAX_COUNT: usize = 1 << 16;
+/// The largest window or slot (1 TiB): beyond it sizes overflow page rounding
+/// and offsets long before any budget could grant them.
+pub(crate) const MAX_SIZE: usize = 1 << 40;
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -140,6 +146,22 @@ impl Strategy {
             && threads > MAX_THREADS
         {
             return bad(format!("{self:?}: at most {MAX_THREADS} threads"));
+        }
+        if let Strategy::Windows { in_flight: count, .. }
+        | Strategy::Ring { slots: count, .. }
+        | Strategy::Direct { slots: count, .. } = self
+            && count > MAX_COUNT
+        {
+            return bad(format!("{self:?}: at most {MAX_COUNT} windows in flight or ring slots"));
+        }
+        let largest = match self {
+            Strategy::Auto | Strategy::WholeFile => 0,
+            Strategy::Windows { window, .. } => window,
+            Strategy::Ring { slot, .. } | Strategy::Direct { slot, .. } => slot,
+            Strategy::Hybrid { window, slot, .. } => window.max(slot),
+        };
+        if largest > MAX_SIZE {
+            return bad(format!("{self:?}: windows and slots of at most {} each", Bytes(MAX_SIZE as u64)));
         }
         match self {
             Strategy::Auto | Strategy::WholeFile => Ok(self),
@@ -264,6 +286,12 @@ mod tests {
         );
         assert!(Strategy::Ring { slots: 0, slot: 1, threads: 1 }.normalized().is_err());
         assert!(Strategy::Hybrid { window: 1, slot: 1, threads: 0 }.normalized().is_err());
+        // Sizes that would abort an allocation or overflow are typed errors.
+        assert!(Strategy::Windows { window: 4096, in_flight: 1 << 40 }.normalized().is_err());
+        assert!(Strategy::Windows { window: usize::MAX, in_flight: 2 }.normalized().is_err());
+        assert!(Strategy::Ring { slots: usize::MAX, slot: 4096, threads: 1 }.normalized().is_err());
+        assert!(Strategy::Hybrid { window: 1 << 20, slot: usize::MAX, threads: 1 }.normalized().is_err());
+        assert!(Strategy::Direct { slots: 2, slot: usize::MAX, threads: 1 }.normalized().is_err());
     }
 
     #[test]
