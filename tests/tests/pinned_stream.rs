@@ -817,3 +817,29 @@ fn direct_is_refused_clearly_without_o_direct() {
     assert_eq!(budget.used(), 0);
     t.assert_clean();
 }
+
+#[test]
+fn absurd_strategy_sizes_are_typed_errors_not_aborts() {
+    let t = start();
+    let dir = DiskDir::new("absurd");
+    let (file, _) = data_file(&dir, 31, LEN);
+    let dev = Device::get(0).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+    // Before these were bounded, the first aborted the process (the window
+    // agent sized its state by `in_flight`) and the others panicked in a worker.
+    for strategy in [
+        Strategy::Windows { window: 4096, in_flight: 1 << 40 },
+        Strategy::Windows { window: usize::MAX, in_flight: 2 },
+        Strategy::Ring { slots: 4, slot: usize::MAX, threads: 1 },
+        Strategy::Hybrid { window: 1 << 20, slot: usize::MAX, threads: 2 },
+    ] {
+        let moved = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::unlimited()))
+            .and_then(|s| s.to_device(&file, 0..LEN as u64, &mut dst));
+        match moved {
+            Err(Error::Cuda(wirespeed_cuda::Error::InvalidArgument { .. })) | Err(Error::InvalidArgument { .. }) => {}
+            other => panic!("{strategy:?}: {other:?}"),
+        }
+    }
+    drop(dst);
+    t.assert_clean();
+}
