@@ -473,10 +473,10 @@ pub fn windows_for(budget: u64) -> Strategy {
 }
 
 /// The hybrid with all `threads` ring threads within `budget`: a quarter of it
-/// to the ring (2 slots per thread, at most 16 MiB each), the rest to the 4
-/// windows the library keeps registered at once.
+/// to the ring (4 slots per thread, as the library plans them, at most 16 MiB
+/// each), the rest to the 4 windows the library keeps registered at once.
 pub fn hybrid_for(threads: usize, budget: u64) -> Strategy {
-    let slots = 2 * threads;
+    let slots = 4 * threads;
     let slot = slot_within(budget / 4, slots, 16 * MIB);
     let rest = budget.saturating_sub((slot * slots) as u64) / 4;
     let window = (rest / (64 * KIB) * (64 * KIB)).clamp(64 * KIB, GIB) as usize;
