@@ -144,7 +144,7 @@ pub struct Options {
     #[arg(long)]
     pub emulated: bool,
 
-    /// Write results.json, results.csv and chart.svg into DIR
+    /// Write results.json, results.csv, chart.svg and log.txt (the progress lines and the report) into DIR
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 

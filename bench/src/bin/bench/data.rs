@@ -9,6 +9,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use tempfile::NamedTempFile;
 use wirespeed_pinned::MappedFile;
@@ -97,7 +98,7 @@ fn write_demo(file: &File, path: &Path, size: u64, threads: usize, progress: &Pr
     const PIECE: u64 = 8 << 20;
     let n = size.div_ceil(PIECE);
     let threads = (threads as u64).clamp(1, n.max(1));
-    let done = std::sync::atomic::AtomicU64::new(0);
+    let done = AtomicU64::new(0);
     let result: Result<()> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -110,7 +111,7 @@ fn write_demo(file: &File, path: &Path, size: u64, threads: usize, progress: &Pr
                         let len = PIECE.min(size - at) as usize;
                         fill_pattern(&mut buf[..len], 0x5EED, at);
                         file.write_all_at(&buf[..len], at).context(|| "writing the demo file".into())?;
-                        let d = done.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed) + len as u64;
+                        let d = done.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
                         progress.update(d, size);
                         i += threads;
                     }
@@ -126,6 +127,9 @@ fn write_demo(file: &File, path: &Path, size: u64, threads: usize, progress: &Pr
     result?;
     // Dirty pages are never dropped from the cache: make them clean so that
     // the cold runs can drop them (and no write-back disturbs the runs).
+    if size >= 4 << 30 {
+        progress.note(&format!("flushing the demo file to the disk (fsync of {})", fmt_bytes(size)));
+    }
     file.sync_all().context(|| format!("syncing {}", path.display()))
 }
 
@@ -165,11 +169,12 @@ pub fn prepare(opts: &Options, threads: usize, progress: &Progress) -> Result<Da
             progress.begin(&format!("writing the demo file {} ({})", path.display(), fmt_bytes(size)), 1, 1);
             let t0 = Instant::now();
             write_demo(temp.as_file(), &path, size, threads, progress)?;
+            let secs = t0.elapsed().as_secs_f64();
             progress.note(&format!(
-                "wrote the demo file {} ({}) in {:.1} s",
+                "wrote the demo file {} ({}) in {secs:.1} s ({:.2} GB/s, synced to the disk)",
                 path.display(),
                 fmt_bytes(size),
-                t0.elapsed().as_secs_f64()
+                size as f64 / secs.max(1e-9) / 1e9
             ));
             (path, true, Some(temp))
         }

@@ -121,15 +121,17 @@ fn run(opts: Options) -> Result<ExitCode> {
         let _ = std::io::stdout().lock().write_all(text.as_bytes());
     }
     if let Some(dir) = &opts.out {
+        let log = format!("{}{text}", progress.log());
         for (name, body) in [
             ("results.json", output::json(&summary)),
             ("results.csv", output::csv(&summary)?),
             ("chart.svg", output::svg(&summary)),
+            ("log.txt", log),
         ] {
             let p = dir.join(name);
             std::fs::write(&p, body).context(|| format!("writing {}", p.display()))?;
         }
-        eprintln!("wrote results.json, results.csv and chart.svg to {}", dir.display());
+        eprintln!("wrote results.json, results.csv, chart.svg and log.txt to {}", dir.display());
     }
     let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows);
     let failed: Vec<&str> =
