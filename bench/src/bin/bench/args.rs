@@ -27,7 +27,8 @@ STRATEGIES (--only):
     whole-file        the whole file registered once (ignores the pin budget)
     auto              the library's automatic choice within the pin budget
     budget-reuse      data within the pin budget: registered once, copied again
-    disk-direct       O_DIRECT reads of the file, no GPU: what the disk gives (`dd iflag=direct`)
+    disk-direct       parallel O_DIRECT reads of the file, no GPU: what the disk gives (the best
+                      of 1, 4, 8 and 16 threads)
     cold-auto         page cache dropped (POSIX_FADV_DONTNEED) before each run, then auto
     cold-direct       page cache dropped, O_DIRECT reads into pinned slots
     (the line rate, a resident pinned buffer copied with cudaMemcpyAsync, is always measured)

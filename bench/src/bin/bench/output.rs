@@ -303,8 +303,10 @@ fn explain(out: &mut String, s: &Summary) {
             .collect();
         let _ = writeln!(
             out,
-            "  - a file that is not in the page cache comes at the disk's pace: O_DIRECT reads give {:.2} GB/s here{}{}.",
+            "  - a file that is not in the page cache comes at the disk's pace: O_DIRECT reads give {:.2} GB/s here \
+             (threads: {}){}{}.",
             d.gbps().median,
+            d.note_value("threads").unwrap_or("?"),
             if cold.is_empty() { "" } else { "; " },
             cold.join(", ")
         );

@@ -143,6 +143,11 @@ impl Row {
         stats(&v).median
     }
 
+    /// The value of note `name`, if there is one.
+    pub fn note_value(&self, name: &str) -> Option<&str> {
+        self.notes.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
     /// Median GB/s as a fraction of `line_rate` GB/s.
     pub fn fraction(&self, line_rate: f64) -> f64 {
         self.gbps().median / line_rate
