@@ -26,6 +26,7 @@ mod rawcuda;
 mod results;
 mod rows;
 mod runs;
+mod script;
 mod util;
 
 use args::Options;

@@ -596,8 +596,16 @@ struct OverheadJson {
 struct TorchJson<'a> {
     /// What the script printed, or why it did not run.
     output: &'a str,
+    /// Its exit code (None: it did not run, was stopped, or died of a signal).
+    exit_code: Option<i32>,
     /// The JSON the script wrote, as it wrote it.
     results: Option<&'a serde_json::Value>,
+}
+
+impl<'a> TorchJson<'a> {
+    fn new(t: &'a crate::script::Output) -> Self {
+        TorchJson { output: &t.text, exit_code: t.status.and_then(|s| s.code()), results: t.json.as_ref() }
+    }
 }
 
 #[derive(Serialize)]
@@ -671,7 +679,7 @@ pub fn json(sm: &Summary) -> String {
             medians_overhead_pct: o.medians_pct,
             cpu: o.cpu,
         }),
-        torch_rows: sm.torch.map(|t| TorchJson { output: &t.text, results: t.json.as_ref() }),
+        torch_rows: sm.torch.map(TorchJson::new),
         targets: targets(sm).into_iter().map(|g| TargetJson { name: g.name, pass: g.pass, detail: g.detail }).collect(),
     };
     // Serializing plain structs of strings and numbers cannot fail.

@@ -11,9 +11,7 @@ use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::runs::Bench;
 use crate::util::{Fatal, Result};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
 
@@ -214,73 +212,37 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-/// PyTorch's own run of the same experiment (`bench/torch_rows.py`).
-pub struct Torch {
-    /// What it printed (its table), or why it did not run.
-    pub text: String,
-    /// The JSON it wrote, when it ran.
-    pub json: Option<serde_json::Value>,
-}
+/// PyTorch's own run of the same experiment (`bench/torch_rows.py`): what it
+/// printed (its table) or why it did not run, and the JSON it wrote.
+pub type Torch = crate::script::Output;
 
 /// The script, built into the binary so that the bench runs it from any folder.
 const SCRIPT: &str = include_str!("../../../torch_rows.py");
-
-/// Writes the script into a new temporary folder, which also receives its JSON.
-fn script_dir() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
-    let dir = tempfile::Builder::new().prefix("wirespeed-torch-").tempdir()?;
-    let script = dir.path().join("torch_rows.py");
-    std::fs::write(&script, SCRIPT)?;
-    Ok((dir, script))
-}
 
 /// Runs torch_rows.py with the same rows and repetitions, so that one run
 /// prints both tables. It skips itself (exit 0) where torch or a GPU is missing.
 pub fn torch(b: &Bench, rows: usize) -> Torch {
     if b.gpu.emulated {
-        return Torch { text: "skipped: this is an emulated run".into(), json: None };
+        return Torch::not_run("skipped: this is an emulated run".into());
     }
-    let (dir, script) = match script_dir() {
-        Ok(d) => d,
-        Err(e) => {
-            return Torch {
-                text: format!("skipped: could not write the script to a temporary folder ({e})"),
-                json: None,
-            };
-        }
-    };
-    let json_path = dir.path().join("results.json");
     let (rows_s, reps_s) = (rows.to_string(), b.reps.to_string());
     b.progress
         .note(&format!("running PyTorch's own version: python3 bench/torch_rows.py --rows {rows_s} --reps {reps_s}"));
-    let out = Command::new("python3")
-        .arg(&script)
-        .args(["--rows", &rows_s, "--reps", &reps_s, "--json"])
-        .arg(&json_path)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output();
-    match out {
-        Err(e) => Torch { text: format!("skipped: could not run python3 ({e})"), json: None },
-        Ok(o) => {
-            let mut text = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
-            if !o.status.success() {
-                text.push_str(&format!("\n(torch_rows.py exited with {})", o.status));
-            }
-            let json = std::fs::read(&json_path).ok().and_then(|j| serde_json::from_slice(&j).ok());
-            Torch { text, json }
-        }
-    } // the folder is removed here
+    // Generous: the script's own runs take seconds; this only stops a hung one.
+    let limit = Duration::from_secs(300 + 2 * rows as u64 * b.reps as u64 / 10);
+    crate::script::run("torch_rows.py", SCRIPT, &["--rows".into(), rows_s, "--reps".into(), reps_s], &[], limit)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::{Command, Stdio};
 
     /// The built-in script runs from its temporary folder: it skips itself
     /// (exit 0) without torch or a GPU, or runs one row where both are there.
     #[test]
     fn script_runs_or_skips() {
-        let (dir, script) = script_dir().unwrap();
+        let (dir, script) = crate::script::write("torch_rows.py", SCRIPT).unwrap();
         assert_eq!(std::fs::read_to_string(&script).unwrap(), SCRIPT);
         let out = Command::new("python3")
             .arg(&script)
