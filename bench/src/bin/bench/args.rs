@@ -136,6 +136,10 @@ pub struct Options {
     #[arg(long)]
     pub pytorch_rows: bool,
 
+    /// Threads that copy rows into the shared pinned ring in --pytorch-rows (the rows-ring-mt row)
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value_t = 8)]
+    pub row_threads: usize,
+
     /// The safe-layer overhead microbenchmark (cuda-safe vs raw cuda-sys, CPU time per 64 KiB
     /// async copy); runs in the default run too
     #[arg(long)]
@@ -212,6 +216,8 @@ mod tests {
         assert_eq!(o.size, Some(GIB));
         assert_eq!(o.reps(), 5);
         assert!(o.selected("ring-4") && o.selected("auto") && !o.selected("windows"));
+        assert_eq!(p(&[]).unwrap().row_threads, 8);
+        assert!(p(&["--row-threads", "0"]).is_err());
         assert!(p(&["--size", "1G", "data.bin"]).is_err());
         let o = p(&["f.bin", "--only=Cold,"]).unwrap();
         assert!(o.selected("cold-auto") && o.selected("cold-direct") && !o.selected("auto"));

@@ -484,6 +484,27 @@ fn rows_text(out: &mut String, s: &Summary) {
                 writeln!(out, "PyTorch's own run of the same: python3 bench/torch_rows.py (needs torch and a GPU).");
         }
     }
+    if let Some(r) = find(s.pytorch_rows, "rows-ring-mt") {
+        let mut line = format!(
+            "rows-ring-mt: {} threads filling one PinnedRing reached {:.2} GB/s = {:.2} of the line rate at {:.3} CPU s/GB \
+             ({:.1} ms CPU)",
+            r.note_value("threads").unwrap_or("?"),
+            r.gbps().median,
+            r.fraction(s.line_rate),
+            r.cpu_per_gb(),
+            r.cpu_seconds() * 1e3
+        );
+        if let Some((wall, cpu)) = s.torch.and_then(rows::torch_pin_nb) {
+            let _ = write!(
+                line,
+                "; PyTorch's per-row pin_memory().cuda(non_blocking=True): {:.2} GB/s, {:.1} ms CPU: ours takes {:.2} of its CPU time",
+                r.bytes as f64 / wall / 1e9,
+                cpu * 1e3,
+                r.cpu_seconds() / cpu
+            );
+        }
+        let _ = writeln!(out, "{line}.");
+    }
 }
 
 // ---------------------------------------------------------------- JSON

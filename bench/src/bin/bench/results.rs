@@ -143,6 +143,11 @@ impl Row {
         stats(&v).median
     }
 
+    /// Cores busy on average (CPU seconds over wall seconds), median of the repetitions.
+    pub fn cores_busy(&self) -> f64 {
+        stats(&self.samples.iter().map(|s| s.cpu_seconds / s.seconds.max(1e-12)).collect::<Vec<_>>()).median
+    }
+
     /// The value of note `name`, if there is one.
     pub fn note_value(&self, name: &str) -> Option<&str> {
         self.notes.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
