@@ -21,7 +21,9 @@ const AFTER_LONG_HELP: &str = "\
 STRATEGIES (--only):
     pageable          cudaMemcpy straight from the file mapping, 64 MiB chunks
     per-batch-pinned  cudaHostAlloc + memcpy + copy + cudaFreeHost per 64 MiB chunk
-    ring-T            pinned ring, allocated once, T filler threads (T = 1, 4, 8, --threads)
+    ring-T            pinned ring, allocated once, T filler threads (T = 1, 4, 8, --threads),
+                      slots sized from the budget (2 per thread, up to 64 MiB)
+    ring-cache        the cache-sized ring: 32 slots of 4 MiB, 8 threads (128 MiB pinned)
     windows           sliding windows of the mapping, registered in place, 3 in flight
     hybrid            registered windows and the pinned ring together
     whole-file        the whole file registered once (ignores the pin budget)
@@ -33,6 +35,10 @@ STRATEGIES (--only):
     cold-direct       page cache dropped, O_DIRECT reads into pinned slots
     (the line rate, a resident pinned buffer copied with cudaMemcpyAsync, is always measured)
 
+REPETITIONS:
+    Every run is repeated --reps times (default 3) and its median shown with the min-max; the
+    target rows, auto and ring-cache, at least 5 times (unless --quick).
+
 ENVIRONMENT:
     CUDA_SYS_RUNTIME  path of the libcudart.so to load (else libcudart.so.13, .so.12, .so)
     TMPDIR            where the demo file goes
@@ -41,11 +47,15 @@ EXIT STATUS:
     0 every run finished and every copy arrived intact; 1 a run failed or data arrived
     damaged; 2 bad arguments or no usable GPU.";
 
+/// Repetitions the targets ask of their rows (a median of at least 5).
+pub const TARGET_REPS: usize = 5;
+
 /// Every strategy name, in the order the runs happen.
 pub const STRATEGY_FAMILIES: &[&str] = &[
     "pageable",
     "per-batch-pinned",
     "ring",
+    "ring-cache",
     "windows",
     "hybrid",
     "whole-file",
@@ -117,7 +127,8 @@ pub struct Options {
     #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
     pub budget: Option<u64>,
 
-    /// Repetitions per strategy; the median is reported, min-max shown (default 3, 1 with --quick)
+    /// Repetitions per strategy; the median is reported, min-max shown (default 3, 1 with --quick;
+    /// the target rows, auto and ring-cache, at least 5 unless --quick)
     #[arg(long, value_name = "N", value_parser = parse_count)]
     pub reps: Option<usize>,
 
@@ -172,6 +183,11 @@ impl Options {
         self.reps.unwrap_or(if self.quick { 1 } else { 3 })
     }
 
+    /// Repetitions of the target rows (auto, ring-cache): at least 5 unless --quick.
+    pub fn target_reps(&self) -> usize {
+        if self.quick { self.reps() } else { self.reps().max(TARGET_REPS) }
+    }
+
     /// Filler threads: --threads (at most 1024), else the cores.
     pub fn threads(&self) -> usize {
         self.threads.map_or_else(crate::util::cores, |t| t.min(1024))
@@ -216,6 +232,12 @@ mod tests {
         assert_eq!(o.size, Some(GIB));
         assert_eq!(o.reps(), 5);
         assert!(o.selected("ring-4") && o.selected("auto") && !o.selected("windows"));
+        assert!(o.selected("ring-cache"));
+        let o = p(&["--only", "ring-cache", "--reps", "2"]).unwrap();
+        assert!(o.selected("ring-cache") && !o.selected("ring-4"));
+        assert_eq!((o.reps(), o.target_reps()), (2, 5));
+        assert_eq!(p(&["--quick"]).unwrap().target_reps(), 1);
+        assert_eq!(p(&["--reps", "7"]).unwrap().target_reps(), 7);
         assert_eq!(p(&[]).unwrap().row_threads, 8);
         assert!(p(&["--row-threads", "0"]).is_err());
         assert!(p(&["--size", "1G", "data.bin"]).is_err());

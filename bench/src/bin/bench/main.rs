@@ -65,11 +65,21 @@ fn run(opts: Options) -> Result<ExitCode> {
     progress.note(&gpu.describe());
     let threads = opts.threads();
     let reps = opts.reps();
+    let target_reps = opts.target_reps();
     let stream = wirespeed_cuda::Stream::new(&gpu.device)?;
     let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
     let readback = checksum::Readback::new(&stream, readback_bytes, threads)?;
-    let mut b =
-        Bench { opts: opts.clone(), gpu, stream, progress: progress.clone(), threads, reps, readback, line_rate: 0.0 };
+    let mut b = Bench {
+        opts: opts.clone(),
+        gpu,
+        stream,
+        progress: progress.clone(),
+        threads,
+        reps,
+        target_reps,
+        readback,
+        line_rate: 0.0,
+    };
 
     let line = runs::line_rate(&mut b)?;
     let mut rows = Vec::new();
@@ -105,6 +115,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         opts: &opts,
         threads,
         reps,
+        target_reps,
         line_rate: b.line_rate,
         line: &line,
         file,

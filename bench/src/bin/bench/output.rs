@@ -29,6 +29,8 @@ pub struct Summary<'a> {
     pub opts: &'a Options,
     pub threads: usize,
     pub reps: usize,
+    /// Repetitions of the target rows (auto, ring-cache).
+    pub target_reps: usize,
     pub line_rate: f64,
     pub line: &'a Row,
     pub file: Option<FileInfo>,
@@ -149,11 +151,24 @@ fn spread(g: Stats) -> String {
     if g.min.is_finite() { format!("{:.2}-{:.2}", g.min, g.max) } else { "-".into() }
 }
 
+fn range(s: Stats, prec: usize) -> String {
+    if s.min.is_finite() { format!("{:.prec$}-{:.prec$}", s.min, s.max) } else { "-".into() }
+}
+
 fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
     let _ = writeln!(
         out,
-        "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
-        "strategy", "GB/s", "spread", "x line", "CPU s/GB", "peak pinned", "intact"
+        "{:<18} {:>4} {:>8} {:>13} {:>6} {:>11} {:>8} {:>13} {:>11} {:>6}",
+        "strategy",
+        "reps",
+        "GB/s",
+        "GB/s min-max",
+        "x line",
+        "x min-max",
+        "CPU s/GB",
+        "CPU min-max",
+        "peak pinned",
+        "intact"
     );
     for r in rows {
         if let Some(e) = &r.error {
@@ -165,16 +180,25 @@ fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
             continue;
         }
         let g = r.gbps();
-        let frac = if r.kind == Kind::Disk { "-".to_string() } else { num(g.median / line_rate, 2) };
+        let (frac, frac_range) = if r.kind == Kind::Disk {
+            ("-".to_string(), "-".to_string())
+        } else {
+            let f = r.fractions(line_rate);
+            (num(f.median, 2), range(f, 2))
+        };
+        let peak = fmt_bytes(r.peak_pinned);
         let _ = writeln!(
             out,
-            "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
+            "{:<18} {:>4} {:>8} {:>13} {:>6} {:>11} {:>8} {:>13} {:>11} {:>6}",
             r.name,
+            r.samples.len(),
             num(g.median, 2),
             spread(g),
             frac,
+            frac_range,
             num(r.cpu_per_gb(), 3),
-            fmt_bytes(r.peak_pinned),
+            range(r.cpu_stats(), 3),
+            peak,
             r.intact.short()
         );
     }
@@ -245,19 +269,41 @@ fn explain(out: &mut String, s: &Summary) {
             r.fraction(s.line_rate)
         );
     }
-    let rings: Vec<&&Row> = ok.iter().filter(|r| r.name.starts_with("ring-")).collect();
+    let rings: Vec<&&Row> = ok.iter().filter(|r| r.name.starts_with("ring-") && r.name != "ring-cache").collect();
     if let (Some(first), Some(last)) = (rings.first(), rings.last())
         && rings.len() > 1
     {
         let _ = writeln!(
             out,
-            "  - the pinned ring: {:.2} GB/s with {}, {:.2} GB/s with {} at {:.3} CPU s/GB: the CPU copies every byte \
-             into a slot first (pread), so it is bounded by host memory bandwidth and costs cores.",
+            "  - the pinned ring with slots sized from the budget: {:.2} GB/s with {}, {:.2} GB/s with {} at {:.3} CPU \
+             s/GB: the CPU copies every byte into a slot first (memcpy from the mapping), so it is bounded by host \
+             memory bandwidth and costs cores.",
             first.gbps().median,
             first.name,
             last.gbps().median,
             last.name,
             last.cpu_per_gb()
+        );
+    }
+    if let Some(r) = find(s.rows, "ring-cache") {
+        let big = find(s.rows, "ring-8")
+            .map(|b| {
+                format!(
+                    " (ring-8, its slots {} each: {:.2} GB/s at {:.3} CPU s/GB)",
+                    b.strategy,
+                    b.gbps().median,
+                    b.cpu_per_gb()
+                )
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  - the cache-sized ring (ring-cache, {}) reached {:.2} GB/s = {:.2} of the line rate at {:.3} CPU s/GB{big}: \
+             a 4 MiB slot written by the CPU is still in its last-level cache when the DMA reads it.",
+            r.strategy,
+            r.gbps().median,
+            r.fraction(s.line_rate),
+            r.cpu_per_gb()
         );
     }
     if let Some(r) = find(s.rows, "windows") {
@@ -320,10 +366,10 @@ fn header(out: &mut String, s: &Summary) {
     let _ = writeln!(out, "{}", s.gpu.describe());
     let _ = writeln!(
         out,
-        "{} timed repetition(s) per run (the library's runs on a page-cached file after an untimed first pass): the median \
-         is shown,\nspread = min-max GB/s; GB = 10^9 bytes; wall-clock times, CPU = all threads of the process; up to {} \
-         filler threads",
-        s.reps, s.threads
+        "{} timed repetition(s) per run, {} for the target rows (auto, ring-cache); the library's runs on a page-cached \
+         file after an untimed first pass.\nThe median is shown, with min-max; x line = GB/s over the line rate of this \
+         run; GB = 10^9 bytes; wall-clock times;\nCPU = all threads of the process (user + system); up to {} filler threads",
+        s.reps, s.target_reps, s.threads
     );
     let _ = writeln!(
         out,
@@ -517,12 +563,19 @@ struct RowJson<'a> {
     description: &'a str,
     strategy: &'a str,
     bytes: u64,
+    reps: usize,
     gbps_median: f64,
     gbps_min: f64,
     gbps_max: f64,
     /// None for the disk alone (no GPU).
     fraction_of_line_rate: Option<f64>,
+    fraction_of_line_rate_min: Option<f64>,
+    fraction_of_line_rate_max: Option<f64>,
     cpu_s_per_gb: f64,
+    cpu_s_per_gb_min: f64,
+    cpu_s_per_gb_max: f64,
+    /// CPU seconds over wall seconds (median of the repetitions).
+    cores_busy: f64,
     seconds_median: f64,
     cpu_seconds_median: f64,
     peak_pinned_bytes: u64,
@@ -537,18 +590,25 @@ struct RowJson<'a> {
 
 impl<'a> RowJson<'a> {
     fn new(r: &'a Row, line_rate: f64) -> Self {
-        let g = r.gbps();
+        let (g, f, c) = (r.gbps(), r.fractions(line_rate), r.cpu_stats());
+        let gpu = r.kind != Kind::Disk;
         RowJson {
             name: &r.name,
             kind: r.kind.name(),
             description: &r.what,
             strategy: &r.strategy,
             bytes: r.bytes,
+            reps: r.samples.len(),
             gbps_median: g.median,
             gbps_min: g.min,
             gbps_max: g.max,
-            fraction_of_line_rate: (r.kind != Kind::Disk).then(|| g.median / line_rate),
-            cpu_s_per_gb: r.cpu_per_gb(),
+            fraction_of_line_rate: gpu.then_some(f.median),
+            fraction_of_line_rate_min: gpu.then_some(f.min),
+            fraction_of_line_rate_max: gpu.then_some(f.max),
+            cpu_s_per_gb: c.median,
+            cpu_s_per_gb_min: c.min,
+            cpu_s_per_gb_max: c.max,
+            cores_busy: r.cores_busy(),
             seconds_median: r.seconds(),
             cpu_seconds_median: r.cpu_seconds(),
             peak_pinned_bytes: r.peak_pinned,
@@ -581,6 +641,8 @@ struct DeviceJson<'a> {
 #[derive(Serialize)]
 struct ConfigJson {
     reps: usize,
+    target_reps: usize,
+    row_threads: usize,
     threads: usize,
     quick: bool,
     cores: usize,
@@ -672,7 +734,14 @@ pub fn json(sm: &Summary) -> String {
             memory_free_bytes: gpu.free,
             memory_total_bytes: gpu.total,
         },
-        config: ConfigJson { reps: sm.reps, threads: sm.threads, quick: sm.opts.quick, cores: crate::util::cores() },
+        config: ConfigJson {
+            reps: sm.reps,
+            target_reps: sm.target_reps,
+            row_threads: sm.opts.row_threads,
+            threads: sm.threads,
+            quick: sm.opts.quick,
+            cores: crate::util::cores(),
+        },
         line_rate_gbps: sm.line_rate,
         line_rate: RowJson::new(sm.line, sm.line_rate),
         file: sm.file.as_ref().map(|fi| FileJson {
@@ -724,7 +793,11 @@ struct CsvRow<'a> {
     gbps_min: Option<f64>,
     gbps_max: Option<f64>,
     fraction_of_line_rate: Option<f64>,
+    fraction_of_line_rate_min: Option<f64>,
+    fraction_of_line_rate_max: Option<f64>,
     cpu_s_per_gb: Option<f64>,
+    cpu_s_per_gb_min: Option<f64>,
+    cpu_s_per_gb_max: Option<f64>,
     peak_pinned_bytes: Option<u64>,
     intact: Option<bool>,
     error: Option<String>,
@@ -739,7 +812,8 @@ fn finite(v: f64) -> Option<f64> {
 pub fn csv(sm: &Summary) -> Result<String> {
     let mut w = csv::Writer::from_writer(Vec::new());
     for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.pytorch_rows) {
-        let g = r.gbps();
+        let (g, f, c) = (r.gbps(), r.fractions(sm.line_rate), r.cpu_stats());
+        let gpu = r.kind != Kind::Disk;
         w.serialize(CsvRow {
             kind: r.kind.name(),
             name: &r.name,
@@ -750,8 +824,12 @@ pub fn csv(sm: &Summary) -> Result<String> {
             gbps_median: finite(g.median),
             gbps_min: finite(g.min),
             gbps_max: finite(g.max),
-            fraction_of_line_rate: if r.kind == Kind::Disk { None } else { finite(g.median / sm.line_rate) },
-            cpu_s_per_gb: finite(r.cpu_per_gb()),
+            fraction_of_line_rate: if gpu { finite(f.median) } else { None },
+            fraction_of_line_rate_min: if gpu { finite(f.min) } else { None },
+            fraction_of_line_rate_max: if gpu { finite(f.max) } else { None },
+            cpu_s_per_gb: finite(c.median),
+            cpu_s_per_gb_min: finite(c.min),
+            cpu_s_per_gb_max: finite(c.max),
             peak_pinned_bytes: Some(r.peak_pinned),
             intact: r.intact.as_bool(),
             error: r.error.clone().or_else(|| r.skipped.as_ref().map(|s| format!("skipped: {s}"))),
@@ -774,7 +852,11 @@ pub fn csv(sm: &Summary) -> Result<String> {
             gbps_min: None,
             gbps_max: None,
             fraction_of_line_rate: None,
+            fraction_of_line_rate_min: None,
+            fraction_of_line_rate_max: None,
             cpu_s_per_gb: None,
+            cpu_s_per_gb_min: None,
+            cpu_s_per_gb_max: None,
             peak_pinned_bytes: None,
             intact: None,
             error: None,
@@ -812,8 +894,9 @@ pub fn svg(sm: &Summary) -> String {
     );
     let _ = writeln!(o, r#"<text x="10" y="22" font-size="15" font-weight="bold">{}</text>"#, xml(&title));
     let sub = format!(
-        "median of {} run(s), whiskers min-max; dashed line: the line rate, {:.2} GB/s, measured in the same run",
-        sm.reps, sm.line_rate
+        "median of {} run(s) ({} for auto and ring-cache), whiskers min-max; dashed line: the line rate, {:.2} GB/s, \
+         measured in the same run",
+        sm.reps, sm.target_reps, sm.line_rate
     );
     let _ = writeln!(o, r##"<text x="10" y="42" fill="#444">{}</text>"##, xml(&sub));
     let mut lx = 10.0;

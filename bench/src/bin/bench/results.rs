@@ -139,8 +139,24 @@ impl Row {
 
     /// Median CPU seconds per GB moved.
     pub fn cpu_per_gb(&self) -> f64 {
+        self.cpu_stats().median
+    }
+
+    /// CPU seconds per GB of each repetition: median, min, max.
+    pub fn cpu_stats(&self) -> Stats {
         let v: Vec<f64> = self.samples.iter().map(|s| s.cpu_seconds / (self.bytes as f64 / 1e9).max(1e-12)).collect();
-        stats(&v).median
+        stats(&v)
+    }
+
+    /// Median GB/s as a fraction of `line_rate` GB/s.
+    pub fn fraction(&self, line_rate: f64) -> f64 {
+        self.gbps().median / line_rate
+    }
+
+    /// Each repetition's GB/s as a fraction of `line_rate`: median, min, max.
+    pub fn fractions(&self, line_rate: f64) -> Stats {
+        let g = self.gbps();
+        Stats { median: g.median / line_rate, min: g.min / line_rate, max: g.max / line_rate }
     }
 
     /// Cores busy on average (CPU seconds over wall seconds), median of the repetitions.
@@ -151,11 +167,6 @@ impl Row {
     /// The value of note `name`, if there is one.
     pub fn note_value(&self, name: &str) -> Option<&str> {
         self.notes.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-    }
-
-    /// Median GB/s as a fraction of `line_rate` GB/s.
-    pub fn fraction(&self, line_rate: f64) -> f64 {
-        self.gbps().median / line_rate
     }
 
     pub fn note(&mut self, name: &str, value: impl Into<String>) {
