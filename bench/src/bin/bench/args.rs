@@ -29,6 +29,9 @@ STRATEGIES (--only):
     whole-file        the whole file registered once (ignores the pin budget)
     auto              the library's automatic choice within the pin budget
     budget-reuse      data within the pin budget: registered once, copied again
+    kvikio-hot        KvikIO (compatibility mode) reads the page-cached file into a torch CUDA
+                      tensor: the best of a small sweep (bench/kvikio_read.py; needs kvikio, torch)
+    kvikio-cold       the same with the page cache dropped before each read
     disk-direct       parallel O_DIRECT reads of the file, no GPU: what the disk gives (the best
                       of 1, 4, 8 and 16 threads)
     cold-auto         page cache dropped (POSIX_FADV_DONTNEED) before each run, then auto
@@ -45,7 +48,8 @@ ENVIRONMENT:
 
 EXIT STATUS:
     0 every run finished and every copy arrived intact; 1 a run failed or data arrived
-    damaged; 2 bad arguments or no usable GPU.";
+    damaged (KvikIO's own rows do not count); 2 bad arguments or no usable GPU.
+    The targets' PASS/MISS lines do not change it.";
 
 /// Repetitions the targets ask of their rows (a median of at least 5).
 pub const TARGET_REPS: usize = 5;
@@ -61,6 +65,8 @@ pub const STRATEGY_FAMILIES: &[&str] = &[
     "whole-file",
     "auto",
     "budget-reuse",
+    "kvikio-hot",
+    "kvikio-cold",
     "disk-direct",
     "cold-auto",
     "cold-direct",
@@ -172,7 +178,7 @@ pub struct Options {
     #[arg(long)]
     pub quick: bool,
 
-    /// Skip the cold-read runs and the O_DIRECT disk measurement
+    /// Skip the cold-read runs (kvikio-cold too) and the O_DIRECT disk measurement
     #[arg(long)]
     pub no_cold: bool,
 }
@@ -200,7 +206,7 @@ impl Options {
 
     /// Whether strategy `name` (e.g. "ring-4") was selected.
     pub fn selected(&self, name: &str) -> bool {
-        if self.no_cold && (name.starts_with("cold") || name == "disk-direct") {
+        if self.no_cold && (name.starts_with("cold") || name == "disk-direct" || name == "kvikio-cold") {
             return false;
         }
         match &self.only {
@@ -232,9 +238,9 @@ mod tests {
         assert_eq!(o.size, Some(GIB));
         assert_eq!(o.reps(), 5);
         assert!(o.selected("ring-4") && o.selected("auto") && !o.selected("windows"));
-        assert!(o.selected("ring-cache"));
-        let o = p(&["--only", "ring-cache", "--reps", "2"]).unwrap();
-        assert!(o.selected("ring-cache") && !o.selected("ring-4"));
+        assert!(o.selected("ring-cache") && !o.selected("kvikio-hot"));
+        let o = p(&["--only", "ring-cache,kvikio", "--reps", "2"]).unwrap();
+        assert!(o.selected("ring-cache") && !o.selected("ring-4") && o.selected("kvikio-cold"));
         assert_eq!((o.reps(), o.target_reps()), (2, 5));
         assert_eq!(p(&["--quick"]).unwrap().target_reps(), 1);
         assert_eq!(p(&["--reps", "7"]).unwrap().target_reps(), 7);
@@ -258,6 +264,7 @@ mod tests {
         let o = p(&["--quick", "--no-cold"]).unwrap();
         assert_eq!(o.reps(), 1);
         assert!(!o.selected("cold-direct") && !o.selected("disk-direct") && o.selected("pageable"));
+        assert!(!o.selected("kvikio-cold") && o.selected("kvikio-hot"));
         assert!(p(&["--pytorch-rows"]).is_ok_and(|o| !o.streams()));
         assert!(p(&[]).is_ok_and(|o| o.streams()));
     }

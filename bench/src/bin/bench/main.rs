@@ -19,6 +19,7 @@ mod args;
 mod checksum;
 mod data;
 mod gpu;
+mod kvikio;
 mod output;
 mod overhead;
 mod progress;
@@ -33,6 +34,7 @@ use args::Options;
 use clap::Parser;
 use output::{FileInfo, Summary};
 use progress::Progress;
+use results::Kind;
 use runs::Bench;
 use std::io::Write;
 use std::process::ExitCode;
@@ -84,6 +86,7 @@ fn run(opts: Options) -> Result<ExitCode> {
     let line = runs::line_rate(&mut b)?;
     let mut rows = Vec::new();
     let mut file = None;
+    let mut kvikio = None;
     if opts.streams() {
         let data = data::prepare(&opts, threads, &progress)?;
         let budget = opts.budget.unwrap_or_else(|| round_down(data.len / 8, MIB));
@@ -93,15 +96,16 @@ fn run(opts: Options) -> Result<ExitCode> {
             fmt_bytes(data.len),
             data.len as f64 / budget as f64
         ));
-        let dest_desc;
-        (rows, dest_desc) = runs::stream_all(&mut b, &data, budget)?;
+        let streamed = runs::stream_all(&mut b, &data, budget)?;
+        rows = streamed.rows;
+        kvikio = streamed.kvikio;
         file = Some(FileInfo {
             path: data.path.display().to_string(),
             bytes: data.len,
             demo: data.demo,
             checksum: data.checksum,
             budget,
-            destination: dest_desc,
+            destination: streamed.destination,
             notes: data.notes.clone(),
         });
     } // the demo file is removed here
@@ -123,6 +127,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         pytorch_rows: &pytorch_rows,
         overhead: overhead.as_ref(),
         torch: torch.as_ref(),
+        kvikio: kvikio.as_ref(),
     };
     // A closed stdout or stderr (`bench | head`) is not an error worth a panic.
     let text = output::text(&summary);
@@ -145,7 +150,8 @@ fn run(opts: Options) -> Result<ExitCode> {
         }
         eprintln!("wrote results.json, results.csv, chart.svg and log.txt to {}", dir.display());
     }
-    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows);
+    // Another tool's failure (KvikIO's) is shown, not counted.
+    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows).filter(|r| r.kind != Kind::External);
     let failed: Vec<&str> =
         all.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
     if failed.is_empty() {

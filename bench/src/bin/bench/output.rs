@@ -6,6 +6,7 @@ use crate::gpu::Gpu;
 use crate::overhead::Overhead;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::rows;
+use crate::script;
 use crate::util::{Fatal, Result, Stats, fmt_bytes};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -38,6 +39,8 @@ pub struct Summary<'a> {
     pub pytorch_rows: &'a [Row],
     pub overhead: Option<&'a Overhead>,
     pub torch: Option<&'a rows::Torch>,
+    /// What KvikIO's script printed and wrote, where it ran.
+    pub kvikio: Option<&'a script::Output>,
 }
 
 // ---------------------------------------------------------------- targets
@@ -186,7 +189,7 @@ fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
             let f = r.fractions(line_rate);
             (num(f.median, 2), range(f, 2))
         };
-        let peak = fmt_bytes(r.peak_pinned);
+        let peak = if r.kind == Kind::External { "-".to_string() } else { fmt_bytes(r.peak_pinned) };
         let _ = writeln!(
             out,
             "{:<18} {:>4} {:>8} {:>13} {:>6} {:>11} {:>8} {:>13} {:>11} {:>6}",
@@ -222,6 +225,13 @@ fn legend(out: &mut String, rows: &[&Row]) {
                     line,
                     "; checked by an extra verifying pass: {}",
                     if ok { "intact" } else { "DATA DAMAGED" }
+                );
+            }
+            Intact::Spot { ok, blocks } => {
+                let _ = write!(
+                    line,
+                    "; spot-checked ({blocks} blocks): {}",
+                    if ok { "equal to the file" } else { "DIFFERENT FROM THE FILE" }
                 );
             }
             _ => {}
@@ -341,8 +351,23 @@ fn explain(out: &mut String, s: &Summary) {
             r.fraction(s.line_rate)
         );
     }
+    if let Some(k) = find(s.rows, "kvikio-hot") {
+        let ours = find(s.rows, "auto")
+            .map(|a| format!(" (auto: {:.2} GB/s at {:.3} CPU s/GB)", a.gbps().median, a.cpu_per_gb()))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  - KvikIO (compatibility mode) read the page-cached file into a torch tensor at {:.2} GB/s = {:.2} of the \
+             line rate, {:.3} CPU s/GB, at its best setting ({}){ours}: it preads every byte into small pinned bounce \
+             buffers and copies those, a CPU copy of every byte.",
+            k.gbps().median,
+            k.fraction(s.line_rate),
+            k.cpu_per_gb(),
+            k.strategy
+        );
+    }
     if let Some(d) = find(s.rows, "disk-direct") {
-        let cold: Vec<String> = ["cold-auto", "cold-direct"]
+        let cold: Vec<String> = ["kvikio-cold", "cold-auto", "cold-direct"]
             .iter()
             .filter_map(|n| find(s.rows, n))
             .map(|r| format!("{} {:.2} GB/s", r.name, r.gbps().median))
@@ -410,7 +435,10 @@ pub fn text(s: &Summary) -> String {
         let mut rows: Vec<&Row> = vec![s.line];
         rows.extend(s.rows.iter());
         table_rows(&mut out, &rows, s.line_rate);
-        let _ = writeln!(out, "(x line = fraction of the line rate measured in this run)");
+        let _ = writeln!(
+            out,
+            "(x line = fraction of the line rate measured in this run; kvikio-* are KvikIO's reads of the same file)"
+        );
         let _ = writeln!(out, "\nWhat each row does:");
         legend(&mut out, &rows);
         explain(&mut out, s);
@@ -448,6 +476,12 @@ pub fn text(s: &Summary) -> String {
             "  overhead {:+.1} % CPU per copy (median of the rounds' safe / raw; rounds {:+.1} .. {:+.1} %; ratio of the overall medians {:+.1} %)",
             o.pct, o.round_pct.min, o.round_pct.max, o.medians_pct
         );
+    }
+    if let Some(k) = s.kvikio {
+        let _ = writeln!(out, "\nKvikIO's own run on the same file (bench/kvikio_read.py):");
+        for l in k.text.lines() {
+            let _ = writeln!(out, "  {l}");
+        }
     }
     let targets = targets(s);
     if !targets.is_empty() {
@@ -617,6 +651,7 @@ impl<'a> RowJson<'a> {
             checksum: match &r.intact {
                 Intact::Yes(c) | Intact::No { got: c, .. } => format!("{c:#018x}"),
                 Intact::Verified(_) => "read back and compared by the library after each copy (scratch buffer)".into(),
+                Intact::Spot { blocks, .. } => format!("spot check: {blocks} blocks of 4 KiB compared with the file"),
                 Intact::Unchecked(why) => format!("not checked: {why}"),
             },
             error: r.error.as_deref(),
@@ -686,7 +721,7 @@ struct TorchJson<'a> {
 }
 
 impl<'a> TorchJson<'a> {
-    fn new(t: &'a crate::script::Output) -> Self {
+    fn new(t: &'a script::Output) -> Self {
         TorchJson { output: &t.text, exit_code: t.status.and_then(|s| s.code()), results: t.json.as_ref() }
     }
 }
@@ -714,6 +749,7 @@ struct Doc<'a> {
     pytorch_rows: Vec<RowJson<'a>>,
     overhead: Option<OverheadJson>,
     torch_rows: Option<TorchJson<'a>>,
+    kvikio: Option<TorchJson<'a>>,
     targets: Vec<TargetJson>,
 }
 
@@ -770,6 +806,7 @@ pub fn json(sm: &Summary) -> String {
             cpu: o.cpu,
         }),
         torch_rows: sm.torch.map(TorchJson::new),
+        kvikio: sm.kvikio.map(TorchJson::new),
         targets: targets(sm).into_iter().map(|g| TargetJson { name: g.name, pass: g.pass, detail: g.detail }).collect(),
     };
     // Serializing plain structs of strings and numbers cannot fail.
@@ -905,6 +942,7 @@ pub fn svg(sm: &Summary) -> String {
         ("#38a169", "file to GPU"),
         ("#a0aec0", "disk alone (O_DIRECT)"),
         ("#dd6b20", "PyTorch's row-by-row copy"),
+        ("#805ad5", "KvikIO, same file"),
         ("#e53e3e", "data damaged"),
     ] {
         let _ = writeln!(
@@ -921,6 +959,7 @@ pub fn svg(sm: &Summary) -> String {
             Kind::LineRate => "#2b6cb0",
             Kind::Disk => "#a0aec0",
             Kind::Rows => "#dd6b20",
+            Kind::External => "#805ad5",
             Kind::Stream if r.intact.as_bool() == Some(false) => "#e53e3e",
             Kind::Stream => "#38a169",
         };

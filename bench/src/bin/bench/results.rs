@@ -12,6 +12,8 @@ pub enum Kind {
     Disk,
     /// The PyTorch row-by-row experiment (`--pytorch-rows`).
     Rows,
+    /// Another tool's run of the same (KvikIO reading the file), in this run.
+    External,
 }
 
 impl Kind {
@@ -21,6 +23,7 @@ impl Kind {
             Kind::Stream => "stream",
             Kind::Disk => "disk",
             Kind::Rows => "pytorch-rows",
+            Kind::External => "external",
         }
     }
 }
@@ -38,6 +41,11 @@ pub enum Intact {
     /// its copy): needed where parts of a scratch buffer are overwritten out
     /// of order, so that no final image can be predicted.
     Verified(bool),
+    /// Spot-checked by another tool: `blocks` blocks compared, all equal or not.
+    Spot {
+        ok: bool,
+        blocks: usize,
+    },
     /// Not checked, and why.
     Unchecked(String),
 }
@@ -50,14 +58,15 @@ impl Intact {
         match self {
             Intact::Yes(_) => Some(true),
             Intact::No { .. } => Some(false),
-            Intact::Verified(ok) => Some(*ok),
+            Intact::Verified(ok) | Intact::Spot { ok, .. } => Some(*ok),
             Intact::Unchecked(_) => None,
         }
     }
     pub fn short(&self) -> String {
         match self {
             Intact::Yes(_) | Intact::Verified(true) => "yes".into(),
-            Intact::No { .. } | Intact::Verified(false) => "NO".into(),
+            Intact::Spot { ok: true, .. } => "spot".into(),
+            Intact::No { .. } | Intact::Verified(false) | Intact::Spot { ok: false, .. } => "NO".into(),
             Intact::Unchecked(_) => "n/a".into(),
         }
     }

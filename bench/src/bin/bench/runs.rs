@@ -548,9 +548,18 @@ pub fn ring_threads(max: usize) -> Vec<usize> {
     v
 }
 
+/// What the file-streaming runs produced.
+pub struct Streamed {
+    pub rows: Vec<Row>,
+    /// Where the file went on the device, in words.
+    pub destination: String,
+    /// What KvikIO's script printed and wrote, where it ran.
+    pub kvikio: Option<crate::script::Output>,
+}
+
 /// Every file-streaming run, in order (cold runs last: they empty the page
-/// cache). Returns the rows and a description of the destination.
-pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, String)> {
+/// cache).
+pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
     let mut rows = Vec::new();
     let mut dest = Dest::new(&b.gpu, data.len)?;
     b.progress.note(&format!("destination: {}", dest.describe()));
@@ -631,13 +640,21 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, 
         spec.range = 0..n;
         rows.push(library(b, data, &mut dest, spec)?);
     }
-    let cold = ["disk-direct", "cold-auto", "cold-direct"];
+    let (hot, cold) = (sel("kvikio-hot"), sel("kvikio-cold") && !data.tmpfs);
+    let mut kvikio = None;
+    if hot || cold {
+        // Its own GPU memory beside ours: the destination stays allocated.
+        let (kv_rows, out) = crate::kvikio::run(b, data, hot, cold);
+        rows.extend(kv_rows);
+        kvikio = out;
+    }
+    let cold = ["kvikio-cold", "disk-direct", "cold-auto", "cold-direct"];
     if data.tmpfs {
         for n in cold.into_iter().filter(|n| sel(n)) {
             let kind = if n == "disk-direct" { Kind::Disk } else { Kind::Stream };
             rows.push(Row::skipped(n, kind, "cold read", "the file is on tmpfs (RAM): nothing is read from a disk"));
         }
-        return Ok((rows, dest.describe()));
+        return Ok(Streamed { rows, destination: dest.describe(), kvikio });
     }
     if sel("disk-direct") {
         rows.push(disk_direct(b, data)?);
@@ -650,5 +667,5 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, 
         let what = "page cache dropped, O_DIRECT reads straight into pinned slots".to_string();
         rows.push(library(b, data, &mut dest, lib("cold-direct", what, direct_for(threads, budget), lim(), true))?);
     }
-    Ok((rows, dest.describe()))
+    Ok(Streamed { rows, destination: dest.describe(), kvikio })
 }
