@@ -28,6 +28,7 @@ mod results;
 mod rows;
 mod runs;
 mod script;
+mod targets;
 mod util;
 
 use args::Options;

@@ -7,6 +7,7 @@ use crate::overhead::Overhead;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::rows;
 use crate::script;
+use crate::targets::{self, Target};
 use crate::util::{Fatal, Result, Stats, fmt_bytes};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -43,105 +44,8 @@ pub struct Summary<'a> {
     pub kvikio: Option<&'a script::Output>,
 }
 
-// ---------------------------------------------------------------- targets
-
-/// One of the bench's targets, and whether this run met it.
-pub struct Target {
-    pub name: &'static str,
-    /// None: not measured in this run.
-    pub pass: Option<bool>,
-    pub detail: String,
-}
-
 fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.name == name && r.ok())
-}
-
-pub fn targets(s: &Summary) -> Vec<Target> {
-    let mut g = Vec::new();
-    let lr = s.line_rate;
-    if let Some(f) = &s.file {
-        g.push(match find(s.rows, "budget-reuse") {
-            Some(r) => {
-                let frac = r.fraction(lr);
-                Target {
-                    name: "registered once, copied again",
-                    pass: Some(frac >= 0.98 && r.intact.as_bool() != Some(false)),
-                    detail: format!(
-                        "data within the pin budget ({}), registered once and copied again: {:.2} GB/s = {frac:.3} of the line rate \
-                         (target >= 0.98); a pass takes {:.2} ms, {:.2} ms more than the line rate needs",
-                        fmt_bytes(r.bytes),
-                        r.gbps().median,
-                        r.seconds() * 1e3,
-                        (r.seconds() - r.bytes as f64 / (lr * 1e9)) * 1e3
-                    ),
-                }
-            }
-            None => Target { name: "registered once, copied again", pass: None, detail: "not measured (budget-reuse did not run)".into() },
-        });
-        let ratio = f.bytes as f64 / f.budget as f64;
-        g.push(match find(s.rows, "auto") {
-            Some(_) if ratio < 7.95 => Target {
-                name: "page-cached file 8x the budget",
-                pass: None,
-                detail: format!("not measured: the file is {ratio:.1}x the pin budget (leave --budget at its default)"),
-            },
-            Some(r) => {
-                let (frac, cpu) = (r.fraction(lr), r.cpu_per_gb());
-                Target {
-                    name: "page-cached file 8x the budget",
-                    pass: Some(frac >= 0.90 && cpu <= 0.10 && r.intact.as_bool() != Some(false)),
-                    detail: format!(
-                        "page-cached file {ratio:.1}x the pin budget, auto ({}): {:.2} GB/s = {frac:.3} of the line rate (target >= 0.90) at {cpu:.3} CPU s/GB (target <= 0.10)",
-                        r.strategy,
-                        r.gbps().median
-                    ),
-                }
-            }
-            None => Target { name: "page-cached file 8x the budget", pass: None, detail: "not measured (auto did not run)".into() },
-        });
-        let disk = find(s.rows, "disk-direct");
-        let cold = ["cold-auto", "cold-direct"]
-            .iter()
-            .filter_map(|n| find(s.rows, n))
-            .max_by(|a, b| a.gbps().median.total_cmp(&b.gbps().median));
-        g.push(match (disk, cold) {
-            (Some(d), Some(c)) => {
-                let frac = c.gbps().median / d.gbps().median;
-                Target {
-                    name: "cold file",
-                    pass: Some(frac >= 0.90 && c.intact.as_bool() != Some(false)),
-                    detail: format!(
-                        "cold file, best cold run ({}): {:.2} GB/s = {frac:.3} of the O_DIRECT read rate of the same disk, {:.2} GB/s (target >= 0.90)",
-                        c.name,
-                        c.gbps().median,
-                        d.gbps().median
-                    ),
-                }
-            }
-            _ => Target {
-                name: "cold file",
-                pass: None,
-                detail: "not measured (needs disk-direct and a cold run; see skipped rows)".into(),
-            },
-        });
-    }
-    if let Some(o) = s.overhead {
-        g.push(Target {
-            name: "safe-layer overhead",
-            pass: Some(o.pct <= Overhead::TARGET_PCT),
-            detail: format!(
-                "safe-layer overhead per 64 KiB async copy: cuda-safe {:.3} us vs raw cuda-sys {:.3} us CPU: {:+.1} % \
-                 (median over {} rounds of safe / raw in the same round; target <= {} %)",
-                o.safe_cpu_us.median,
-                o.raw_cpu_us.median,
-                o.pct,
-                o.rounds,
-                Overhead::TARGET_PCT
-            ),
-        });
-    }
-    g
 }
 
 // ---------------------------------------------------------------- text
@@ -483,26 +387,31 @@ pub fn text(s: &Summary) -> String {
             let _ = writeln!(out, "  {l}");
         }
     }
-    let targets = targets(s);
-    if !targets.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nTargets{}:",
-            if s.gpu.emulated { " — EMULATED: these are not GPU measurements" } else { "" }
-        );
-        for g in &targets {
-            let tag = match g.pass {
-                Some(true) => "PASS",
-                Some(false) => "MISS",
-                None => "----",
-            };
-            let _ = writeln!(out, "  {tag}  {}", g.detail);
-        }
-    }
+    targets_text(&mut out, s);
     if s.gpu.emulated {
         let _ = writeln!(out, "*** {EMULATED} ***");
     }
     out
+}
+
+fn targets_text(out: &mut String, s: &Summary) {
+    let _ = writeln!(
+        out,
+        "\nTargets{} (PASS / MISS; ---- = not measured, or only partly, in this run):",
+        if s.gpu.emulated { " — EMULATED: these are not GPU measurements" } else { "" }
+    );
+    for g in targets::all(s) {
+        let tag = match g.pass {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "----",
+        };
+        let _ = writeln!(out, "  {tag}  {}: {}", g.name, g.target);
+        let _ = writeln!(out, "        measured: {}", g.measured);
+        if let Some(why) = &g.reason {
+            let _ = writeln!(out, "        why: {why}");
+        }
+    }
 }
 
 fn rows_text(out: &mut String, s: &Summary) {
@@ -711,6 +620,7 @@ struct OverheadJson {
 }
 
 #[derive(Serialize)]
+/// A script's run (torch_rows.py, kvikio_read.py).
 struct TorchJson<'a> {
     /// What the script printed, or why it did not run.
     output: &'a str,
@@ -729,8 +639,10 @@ impl<'a> TorchJson<'a> {
 #[derive(Serialize)]
 struct TargetJson {
     name: &'static str,
+    target: String,
     pass: Option<bool>,
-    detail: String,
+    measured: String,
+    reason: Option<String>,
 }
 
 /// The whole of results.json (and of `--json`).
@@ -807,7 +719,16 @@ pub fn json(sm: &Summary) -> String {
         }),
         torch_rows: sm.torch.map(TorchJson::new),
         kvikio: sm.kvikio.map(TorchJson::new),
-        targets: targets(sm).into_iter().map(|g| TargetJson { name: g.name, pass: g.pass, detail: g.detail }).collect(),
+        targets: targets::all(sm)
+            .into_iter()
+            .map(|g: Target| TargetJson {
+                name: g.name,
+                target: g.target,
+                pass: g.pass,
+                measured: g.measured,
+                reason: g.reason,
+            })
+            .collect(),
     };
     // Serializing plain structs of strings and numbers cannot fail.
     let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();

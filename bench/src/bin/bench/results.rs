@@ -88,6 +88,8 @@ pub struct Row {
     pub what: String,
     /// The strategy the library ran (its Display), or what the bench did.
     pub strategy: String,
+    /// The strategy the library ran, where a library run.
+    pub resolved: Option<wirespeed_pinned::Strategy>,
     /// Bytes moved per repetition.
     pub bytes: u64,
     pub samples: Vec<Sample>,
@@ -109,6 +111,7 @@ impl Row {
             kind,
             what: what.to_string(),
             strategy: String::new(),
+            resolved: None,
             bytes,
             samples: Vec::new(),
             peak_pinned: 0,

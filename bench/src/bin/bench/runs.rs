@@ -404,6 +404,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
             regs += report.registrations;
             row.strategy = report.strategy.to_string();
+            row.resolved = Some(report.strategy);
             b.sample_done(&mut row, s, reps);
         }
         row.registrations = Some(regs / reps as u64);
