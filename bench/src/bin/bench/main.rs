@@ -11,6 +11,8 @@
 //! cargo run --release -p wirespeed-bench -- my.memmap            # your file
 //! cargo run --release -p wirespeed-bench -- --pytorch-rows       # PyTorch's row-by-row copy
 //! cargo run -p wirespeed-bench --features emulator -- --emulated --quick   # no GPU needed
+//! bench --size 4G --budget 512M --pytorch-rows --overhead --out results/   # every target, KvikIO where importable
+//! bench --size 40G --budget 4G --only auto --out results-40g/              # the page-cached target at scale
 //! ```
 //!
 //! See `bench --help` for every option.

@@ -115,9 +115,10 @@ fn stream_reason(s: &Summary, r: &Row, frac_min: f64, cpu_max: f64, slowest_min:
     });
     if f.median < frac_min {
         match workers(r.resolved) {
-            Some(w) if cores >= 0.8 * w as f64 => {
-                why.push(format!("CPU-bound: {cores:.1} cores busy on average for {w} worker thread(s)"))
-            }
+            Some(w) if cores >= 0.8 * w as f64 => why.push(format!(
+                "CPU-bound: {cores:.1} cores busy on average for {w} worker thread(s), {:.1} GB/s per busy core",
+                r.gbps().median / cores.max(1e-9)
+            )),
             Some(w) => why.push(format!(
                 "not CPU-bound ({cores:.1} cores busy on average for {w} worker thread(s)): it waits on copies, \
                  registrations or unregistrations, not on the memcpy"
@@ -137,6 +138,10 @@ fn stream_reason(s: &Summary, r: &Row, frac_min: f64, cpu_max: f64, slowest_min:
                 rc.cpu_per_gb(),
                 share * 100.0,
                 share * rc.cpu_per_gb()
+            )),
+            (Some(share), _) if share > 0.0 => why.push(format!(
+                "{cpu:.3} CPU s/GB: the CPU copies every byte the ring carries ({:.0} % of them) with memcpy",
+                share * 100.0
             )),
             _ => why.push(format!("{cpu:.3} CPU s/GB ({cores:.1} cores busy on average)")),
         }
@@ -265,7 +270,11 @@ fn cpu_rows(s: &Summary) -> Target {
         if f < 0.85 {
             let n: f64 = threads.parse().unwrap_or(f64::NAN);
             if cores >= 0.8 * n {
-                why.push(format!("CPU-bound: {cores:.1} cores busy on average for {threads} threads (the row memcpy)"));
+                why.push(format!(
+                    "CPU-bound: {cores:.1} cores busy on average for {threads} threads (the row memcpy), {:.1} GB/s per \
+                     busy core",
+                    r.gbps().median / cores.max(1e-9)
+                ));
             } else {
                 why.push(format!(
                     "not CPU-bound ({cores:.1} cores busy for {threads} threads): the copies of 2.5 MiB rows, one \
