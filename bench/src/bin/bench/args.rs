@@ -21,16 +21,26 @@ const AFTER_LONG_HELP: &str = "\
 STRATEGIES (--only):
     pageable          cudaMemcpy straight from the file mapping, 64 MiB chunks
     per-batch-pinned  cudaHostAlloc + memcpy + copy + cudaFreeHost per 64 MiB chunk
-    ring-T            pinned ring, allocated once, T filler threads (T = 1, 4, 8, --threads)
+    ring-T            pinned ring, allocated once, T filler threads (T = 1, 4, 8, --threads),
+                      slots sized from the budget (2 per thread, up to 64 MiB)
+    ring-cache        the cache-sized ring: 32 slots of 4 MiB, 8 threads (128 MiB pinned)
     windows           sliding windows of the mapping, registered in place, 3 in flight
     hybrid            registered windows and the pinned ring together
     whole-file        the whole file registered once (ignores the pin budget)
     auto              the library's automatic choice within the pin budget
     budget-reuse      data within the pin budget: registered once, copied again
-    disk-direct       O_DIRECT reads of the file, no GPU: what the disk gives (`dd iflag=direct`)
+    kvikio-hot        KvikIO (compatibility mode) reads the page-cached file into a torch CUDA
+                      tensor: the best of a small sweep (bench/kvikio_read.py; needs kvikio, torch)
+    kvikio-cold       the same with the page cache dropped before each read
+    disk-direct       parallel O_DIRECT reads of the file, no GPU: what the disk gives (the best
+                      of 1, 4, 8 and 16 threads)
     cold-auto         page cache dropped (POSIX_FADV_DONTNEED) before each run, then auto
     cold-direct       page cache dropped, O_DIRECT reads into pinned slots
     (the line rate, a resident pinned buffer copied with cudaMemcpyAsync, is always measured)
+
+REPETITIONS:
+    Every run is repeated --reps times (default 3) and its median shown with the min-max; the
+    target rows, auto and ring-cache, at least 5 times (unless --quick).
 
 ENVIRONMENT:
     CUDA_SYS_RUNTIME  path of the libcudart.so to load (else libcudart.so.13, .so.12, .so)
@@ -38,18 +48,25 @@ ENVIRONMENT:
 
 EXIT STATUS:
     0 every run finished and every copy arrived intact; 1 a run failed or data arrived
-    damaged; 2 bad arguments or no usable GPU.";
+    damaged (KvikIO's own rows do not count); 2 bad arguments or no usable GPU.
+    The targets' PASS/MISS lines do not change it.";
+
+/// Repetitions the targets ask of their rows (a median of at least 5).
+pub const TARGET_REPS: usize = 5;
 
 /// Every strategy name, in the order the runs happen.
 pub const STRATEGY_FAMILIES: &[&str] = &[
     "pageable",
     "per-batch-pinned",
     "ring",
+    "ring-cache",
     "windows",
     "hybrid",
     "whole-file",
     "auto",
     "budget-reuse",
+    "kvikio-hot",
+    "kvikio-cold",
     "disk-direct",
     "cold-auto",
     "cold-direct",
@@ -116,7 +133,8 @@ pub struct Options {
     #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
     pub budget: Option<u64>,
 
-    /// Repetitions per strategy; the median is reported, min-max shown (default 3, 1 with --quick)
+    /// Repetitions per strategy; the median is reported, min-max shown (default 3, 1 with --quick;
+    /// the target rows, auto and ring-cache, at least 5 unless --quick)
     #[arg(long, value_name = "N", value_parser = parse_count)]
     pub reps: Option<usize>,
 
@@ -135,6 +153,10 @@ pub struct Options {
     #[arg(long)]
     pub pytorch_rows: bool,
 
+    /// Threads that copy rows into the shared pinned ring in --pytorch-rows (the rows-ring-mt row)
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value_t = 8)]
+    pub row_threads: usize,
+
     /// The safe-layer overhead microbenchmark (cuda-safe vs raw cuda-sys, CPU time per 64 KiB
     /// async copy); runs in the default run too
     #[arg(long)]
@@ -144,7 +166,7 @@ pub struct Options {
     #[arg(long)]
     pub emulated: bool,
 
-    /// Write results.json, results.csv and chart.svg into DIR
+    /// Write results.json, results.csv, chart.svg and log.txt (the progress lines and the report) into DIR
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 
@@ -156,7 +178,7 @@ pub struct Options {
     #[arg(long)]
     pub quick: bool,
 
-    /// Skip the cold-read runs and the O_DIRECT disk measurement
+    /// Skip the cold-read runs (kvikio-cold too) and the O_DIRECT disk measurement
     #[arg(long)]
     pub no_cold: bool,
 }
@@ -165,6 +187,11 @@ impl Options {
     /// Repetitions: --reps, else 1 with --quick, else 3.
     pub fn reps(&self) -> usize {
         self.reps.unwrap_or(if self.quick { 1 } else { 3 })
+    }
+
+    /// Repetitions of the target rows (auto, ring-cache): at least 5 unless --quick.
+    pub fn target_reps(&self) -> usize {
+        if self.quick { self.reps() } else { self.reps().max(TARGET_REPS) }
     }
 
     /// Filler threads: --threads (at most 1024), else the cores.
@@ -179,7 +206,7 @@ impl Options {
 
     /// Whether strategy `name` (e.g. "ring-4") was selected.
     pub fn selected(&self, name: &str) -> bool {
-        if self.no_cold && (name.starts_with("cold") || name == "disk-direct") {
+        if self.no_cold && (name.starts_with("cold") || name == "disk-direct" || name == "kvikio-cold") {
             return false;
         }
         match &self.only {
@@ -211,6 +238,14 @@ mod tests {
         assert_eq!(o.size, Some(GIB));
         assert_eq!(o.reps(), 5);
         assert!(o.selected("ring-4") && o.selected("auto") && !o.selected("windows"));
+        assert!(o.selected("ring-cache") && !o.selected("kvikio-hot"));
+        let o = p(&["--only", "ring-cache,kvikio", "--reps", "2"]).unwrap();
+        assert!(o.selected("ring-cache") && !o.selected("ring-4") && o.selected("kvikio-cold"));
+        assert_eq!((o.reps(), o.target_reps()), (2, 5));
+        assert_eq!(p(&["--quick"]).unwrap().target_reps(), 1);
+        assert_eq!(p(&["--reps", "7"]).unwrap().target_reps(), 7);
+        assert_eq!(p(&[]).unwrap().row_threads, 8);
+        assert!(p(&["--row-threads", "0"]).is_err());
         assert!(p(&["--size", "1G", "data.bin"]).is_err());
         let o = p(&["f.bin", "--only=Cold,"]).unwrap();
         assert!(o.selected("cold-auto") && o.selected("cold-direct") && !o.selected("auto"));
@@ -229,6 +264,7 @@ mod tests {
         let o = p(&["--quick", "--no-cold"]).unwrap();
         assert_eq!(o.reps(), 1);
         assert!(!o.selected("cold-direct") && !o.selected("disk-direct") && o.selected("pageable"));
+        assert!(!o.selected("kvikio-cold") && o.selected("kvikio-hot"));
         assert!(p(&["--pytorch-rows"]).is_ok_and(|o| !o.streams()));
         assert!(p(&[]).is_ok_and(|o| o.streams()));
     }

@@ -11,6 +11,8 @@
 //! cargo run --release -p wirespeed-bench -- my.memmap            # your file
 //! cargo run --release -p wirespeed-bench -- --pytorch-rows       # PyTorch's row-by-row copy
 //! cargo run -p wirespeed-bench --features emulator -- --emulated --quick   # no GPU needed
+//! bench --size 4G --budget 512M --pytorch-rows --overhead --out results/   # every target, KvikIO where importable
+//! bench --size 40G --budget 4G --only auto --out results-40g/              # the page-cached target at scale
 //! ```
 //!
 //! See `bench --help` for every option.
@@ -19,6 +21,7 @@ mod args;
 mod checksum;
 mod data;
 mod gpu;
+mod kvikio;
 mod output;
 mod overhead;
 mod progress;
@@ -26,12 +29,15 @@ mod rawcuda;
 mod results;
 mod rows;
 mod runs;
+mod script;
+mod targets;
 mod util;
 
 use args::Options;
 use clap::Parser;
 use output::{FileInfo, Summary};
 use progress::Progress;
+use results::Kind;
 use runs::Bench;
 use std::io::Write;
 use std::process::ExitCode;
@@ -64,15 +70,26 @@ fn run(opts: Options) -> Result<ExitCode> {
     progress.note(&gpu.describe());
     let threads = opts.threads();
     let reps = opts.reps();
+    let target_reps = opts.target_reps();
     let stream = wirespeed_cuda::Stream::new(&gpu.device)?;
     let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
     let readback = checksum::Readback::new(&stream, readback_bytes, threads)?;
-    let mut b =
-        Bench { opts: opts.clone(), gpu, stream, progress: progress.clone(), threads, reps, readback, line_rate: 0.0 };
+    let mut b = Bench {
+        opts: opts.clone(),
+        gpu,
+        stream,
+        progress: progress.clone(),
+        threads,
+        reps,
+        target_reps,
+        readback,
+        line_rate: 0.0,
+    };
 
     let line = runs::line_rate(&mut b)?;
     let mut rows = Vec::new();
     let mut file = None;
+    let mut kvikio = None;
     if opts.streams() {
         let data = data::prepare(&opts, threads, &progress)?;
         let budget = opts.budget.unwrap_or_else(|| round_down(data.len / 8, MIB));
@@ -82,15 +99,16 @@ fn run(opts: Options) -> Result<ExitCode> {
             fmt_bytes(data.len),
             data.len as f64 / budget as f64
         ));
-        let dest_desc;
-        (rows, dest_desc) = runs::stream_all(&mut b, &data, budget)?;
+        let streamed = runs::stream_all(&mut b, &data, budget)?;
+        rows = streamed.rows;
+        kvikio = streamed.kvikio;
         file = Some(FileInfo {
             path: data.path.display().to_string(),
             bytes: data.len,
             demo: data.demo,
             checksum: data.checksum,
             budget,
-            destination: dest_desc,
+            destination: streamed.destination,
             notes: data.notes.clone(),
         });
     } // the demo file is removed here
@@ -104,6 +122,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         opts: &opts,
         threads,
         reps,
+        target_reps,
         line_rate: b.line_rate,
         line: &line,
         file,
@@ -111,6 +130,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         pytorch_rows: &pytorch_rows,
         overhead: overhead.as_ref(),
         torch: torch.as_ref(),
+        kvikio: kvikio.as_ref(),
     };
     // A closed stdout or stderr (`bench | head`) is not an error worth a panic.
     let text = output::text(&summary);
@@ -121,17 +141,20 @@ fn run(opts: Options) -> Result<ExitCode> {
         let _ = std::io::stdout().lock().write_all(text.as_bytes());
     }
     if let Some(dir) = &opts.out {
+        let log = format!("{}{text}", progress.log());
         for (name, body) in [
             ("results.json", output::json(&summary)),
             ("results.csv", output::csv(&summary)?),
             ("chart.svg", output::svg(&summary)),
+            ("log.txt", log),
         ] {
             let p = dir.join(name);
             std::fs::write(&p, body).context(|| format!("writing {}", p.display()))?;
         }
-        eprintln!("wrote results.json, results.csv and chart.svg to {}", dir.display());
+        eprintln!("wrote results.json, results.csv, chart.svg and log.txt to {}", dir.display());
     }
-    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows);
+    // Another tool's failure (KvikIO's) is shown, not counted.
+    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows).filter(|r| r.kind != Kind::External);
     let failed: Vec<&str> =
         all.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
     if failed.is_empty() {

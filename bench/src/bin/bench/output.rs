@@ -6,6 +6,8 @@ use crate::gpu::Gpu;
 use crate::overhead::Overhead;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::rows;
+use crate::script;
+use crate::targets::{self, Target};
 use crate::util::{Fatal, Result, Stats, fmt_bytes};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -29,6 +31,8 @@ pub struct Summary<'a> {
     pub opts: &'a Options,
     pub threads: usize,
     pub reps: usize,
+    /// Repetitions of the target rows (auto, ring-cache).
+    pub target_reps: usize,
     pub line_rate: f64,
     pub line: &'a Row,
     pub file: Option<FileInfo>,
@@ -36,107 +40,12 @@ pub struct Summary<'a> {
     pub pytorch_rows: &'a [Row],
     pub overhead: Option<&'a Overhead>,
     pub torch: Option<&'a rows::Torch>,
-}
-
-// ---------------------------------------------------------------- targets
-
-/// One of the bench's targets, and whether this run met it.
-pub struct Target {
-    pub name: &'static str,
-    /// None: not measured in this run.
-    pub pass: Option<bool>,
-    pub detail: String,
+    /// What KvikIO's script printed and wrote, where it ran.
+    pub kvikio: Option<&'a script::Output>,
 }
 
 fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.name == name && r.ok())
-}
-
-pub fn targets(s: &Summary) -> Vec<Target> {
-    let mut g = Vec::new();
-    let lr = s.line_rate;
-    if let Some(f) = &s.file {
-        g.push(match find(s.rows, "budget-reuse") {
-            Some(r) => {
-                let frac = r.fraction(lr);
-                Target {
-                    name: "registered once, copied again",
-                    pass: Some(frac >= 0.98 && r.intact.as_bool() != Some(false)),
-                    detail: format!(
-                        "data within the pin budget ({}), registered once and copied again: {:.2} GB/s = {frac:.3} of the line rate \
-                         (target >= 0.98); a pass takes {:.2} ms, {:.2} ms more than the line rate needs",
-                        fmt_bytes(r.bytes),
-                        r.gbps().median,
-                        r.seconds() * 1e3,
-                        (r.seconds() - r.bytes as f64 / (lr * 1e9)) * 1e3
-                    ),
-                }
-            }
-            None => Target { name: "registered once, copied again", pass: None, detail: "not measured (budget-reuse did not run)".into() },
-        });
-        let ratio = f.bytes as f64 / f.budget as f64;
-        g.push(match find(s.rows, "auto") {
-            Some(_) if ratio < 7.95 => Target {
-                name: "page-cached file 8x the budget",
-                pass: None,
-                detail: format!("not measured: the file is {ratio:.1}x the pin budget (leave --budget at its default)"),
-            },
-            Some(r) => {
-                let (frac, cpu) = (r.fraction(lr), r.cpu_per_gb());
-                Target {
-                    name: "page-cached file 8x the budget",
-                    pass: Some(frac >= 0.90 && cpu <= 0.10 && r.intact.as_bool() != Some(false)),
-                    detail: format!(
-                        "page-cached file {ratio:.1}x the pin budget, auto ({}): {:.2} GB/s = {frac:.3} of the line rate (target >= 0.90) at {cpu:.3} CPU s/GB (target <= 0.10)",
-                        r.strategy,
-                        r.gbps().median
-                    ),
-                }
-            }
-            None => Target { name: "page-cached file 8x the budget", pass: None, detail: "not measured (auto did not run)".into() },
-        });
-        let disk = find(s.rows, "disk-direct");
-        let cold = ["cold-auto", "cold-direct"]
-            .iter()
-            .filter_map(|n| find(s.rows, n))
-            .max_by(|a, b| a.gbps().median.total_cmp(&b.gbps().median));
-        g.push(match (disk, cold) {
-            (Some(d), Some(c)) => {
-                let frac = c.gbps().median / d.gbps().median;
-                Target {
-                    name: "cold file",
-                    pass: Some(frac >= 0.90 && c.intact.as_bool() != Some(false)),
-                    detail: format!(
-                        "cold file, best cold run ({}): {:.2} GB/s = {frac:.3} of the O_DIRECT read rate of the same disk, {:.2} GB/s (target >= 0.90)",
-                        c.name,
-                        c.gbps().median,
-                        d.gbps().median
-                    ),
-                }
-            }
-            _ => Target {
-                name: "cold file",
-                pass: None,
-                detail: "not measured (needs disk-direct and a cold run; see skipped rows)".into(),
-            },
-        });
-    }
-    if let Some(o) = s.overhead {
-        g.push(Target {
-            name: "safe-layer overhead",
-            pass: Some(o.pct <= Overhead::TARGET_PCT),
-            detail: format!(
-                "safe-layer overhead per 64 KiB async copy: cuda-safe {:.3} us vs raw cuda-sys {:.3} us CPU: {:+.1} % \
-                 (median over {} rounds of safe / raw in the same round; target <= {} %)",
-                o.safe_cpu_us.median,
-                o.raw_cpu_us.median,
-                o.pct,
-                o.rounds,
-                Overhead::TARGET_PCT
-            ),
-        });
-    }
-    g
 }
 
 // ---------------------------------------------------------------- text
@@ -149,11 +58,24 @@ fn spread(g: Stats) -> String {
     if g.min.is_finite() { format!("{:.2}-{:.2}", g.min, g.max) } else { "-".into() }
 }
 
+fn range(s: Stats, prec: usize) -> String {
+    if s.min.is_finite() { format!("{:.prec$}-{:.prec$}", s.min, s.max) } else { "-".into() }
+}
+
 fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
     let _ = writeln!(
         out,
-        "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
-        "strategy", "GB/s", "spread", "x line", "CPU s/GB", "peak pinned", "intact"
+        "{:<18} {:>4} {:>8} {:>13} {:>6} {:>11} {:>8} {:>13} {:>11} {:>6}",
+        "strategy",
+        "reps",
+        "GB/s",
+        "GB/s min-max",
+        "x line",
+        "x min-max",
+        "CPU s/GB",
+        "CPU min-max",
+        "peak pinned",
+        "intact"
     );
     for r in rows {
         if let Some(e) = &r.error {
@@ -165,16 +87,25 @@ fn table_rows(out: &mut String, rows: &[&Row], line_rate: f64) {
             continue;
         }
         let g = r.gbps();
-        let frac = if r.kind == Kind::Disk { "-".to_string() } else { num(g.median / line_rate, 2) };
+        let (frac, frac_range) = if r.kind == Kind::Disk {
+            ("-".to_string(), "-".to_string())
+        } else {
+            let f = r.fractions(line_rate);
+            (num(f.median, 2), range(f, 2))
+        };
+        let peak = if r.kind == Kind::External { "-".to_string() } else { fmt_bytes(r.peak_pinned) };
         let _ = writeln!(
             out,
-            "{:<18} {:>8} {:>13} {:>7} {:>9} {:>12} {:>7}",
+            "{:<18} {:>4} {:>8} {:>13} {:>6} {:>11} {:>8} {:>13} {:>11} {:>6}",
             r.name,
+            r.samples.len(),
             num(g.median, 2),
             spread(g),
             frac,
+            frac_range,
             num(r.cpu_per_gb(), 3),
-            fmt_bytes(r.peak_pinned),
+            range(r.cpu_stats(), 3),
+            peak,
             r.intact.short()
         );
     }
@@ -198,6 +129,13 @@ fn legend(out: &mut String, rows: &[&Row]) {
                     line,
                     "; checked by an extra verifying pass: {}",
                     if ok { "intact" } else { "DATA DAMAGED" }
+                );
+            }
+            Intact::Spot { ok, blocks } => {
+                let _ = write!(
+                    line,
+                    "; spot-checked ({blocks} blocks): {}",
+                    if ok { "equal to the file" } else { "DIFFERENT FROM THE FILE" }
                 );
             }
             _ => {}
@@ -245,19 +183,41 @@ fn explain(out: &mut String, s: &Summary) {
             r.fraction(s.line_rate)
         );
     }
-    let rings: Vec<&&Row> = ok.iter().filter(|r| r.name.starts_with("ring-")).collect();
+    let rings: Vec<&&Row> = ok.iter().filter(|r| r.name.starts_with("ring-") && r.name != "ring-cache").collect();
     if let (Some(first), Some(last)) = (rings.first(), rings.last())
         && rings.len() > 1
     {
         let _ = writeln!(
             out,
-            "  - the pinned ring: {:.2} GB/s with {}, {:.2} GB/s with {} at {:.3} CPU s/GB: the CPU copies every byte \
-             into a slot first (pread), so it is bounded by host memory bandwidth and costs cores.",
+            "  - the pinned ring with slots sized from the budget: {:.2} GB/s with {}, {:.2} GB/s with {} at {:.3} CPU \
+             s/GB: the CPU copies every byte into a slot first (memcpy from the mapping), so it is bounded by host \
+             memory bandwidth and costs cores.",
             first.gbps().median,
             first.name,
             last.gbps().median,
             last.name,
             last.cpu_per_gb()
+        );
+    }
+    if let Some(r) = find(s.rows, "ring-cache") {
+        let big = find(s.rows, "ring-8")
+            .map(|b| {
+                format!(
+                    " (ring-8, its slots {} each: {:.2} GB/s at {:.3} CPU s/GB)",
+                    b.strategy,
+                    b.gbps().median,
+                    b.cpu_per_gb()
+                )
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  - the cache-sized ring (ring-cache, {}) reached {:.2} GB/s = {:.2} of the line rate at {:.3} CPU s/GB{big}: \
+             a 4 MiB slot written by the CPU is still in its last-level cache when the DMA reads it.",
+            r.strategy,
+            r.gbps().median,
+            r.fraction(s.line_rate),
+            r.cpu_per_gb()
         );
     }
     if let Some(r) = find(s.rows, "windows") {
@@ -295,16 +255,33 @@ fn explain(out: &mut String, s: &Summary) {
             r.fraction(s.line_rate)
         );
     }
+    if let Some(k) = find(s.rows, "kvikio-hot") {
+        let ours = find(s.rows, "auto")
+            .map(|a| format!(" (auto: {:.2} GB/s at {:.3} CPU s/GB)", a.gbps().median, a.cpu_per_gb()))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  - KvikIO (compatibility mode) read the page-cached file into a torch tensor at {:.2} GB/s = {:.2} of the \
+             line rate, {:.3} CPU s/GB, at its best setting ({}){ours}: it preads every byte into small pinned bounce \
+             buffers and copies those, a CPU copy of every byte.",
+            k.gbps().median,
+            k.fraction(s.line_rate),
+            k.cpu_per_gb(),
+            k.strategy
+        );
+    }
     if let Some(d) = find(s.rows, "disk-direct") {
-        let cold: Vec<String> = ["cold-auto", "cold-direct"]
+        let cold: Vec<String> = ["kvikio-cold", "cold-auto", "cold-direct"]
             .iter()
             .filter_map(|n| find(s.rows, n))
             .map(|r| format!("{} {:.2} GB/s", r.name, r.gbps().median))
             .collect();
         let _ = writeln!(
             out,
-            "  - a file that is not in the page cache comes at the disk's pace: O_DIRECT reads give {:.2} GB/s here{}{}.",
+            "  - a file that is not in the page cache comes at the disk's pace: O_DIRECT reads give {:.2} GB/s here \
+             (threads: {}){}{}.",
             d.gbps().median,
+            d.note_value("threads").unwrap_or("?"),
             if cold.is_empty() { "" } else { "; " },
             cold.join(", ")
         );
@@ -318,10 +295,10 @@ fn header(out: &mut String, s: &Summary) {
     let _ = writeln!(out, "{}", s.gpu.describe());
     let _ = writeln!(
         out,
-        "{} timed repetition(s) per run (the library's runs on a page-cached file after an untimed first pass): the median \
-         is shown,\nspread = min-max GB/s; GB = 10^9 bytes; wall-clock times, CPU = all threads of the process; up to {} \
-         filler threads",
-        s.reps, s.threads
+        "{} timed repetition(s) per run, {} for the target rows (auto, ring-cache); the library's runs on a page-cached \
+         file after an untimed first pass.\nThe median is shown, with min-max; x line = GB/s over the line rate of this \
+         run; GB = 10^9 bytes; wall-clock times;\nCPU = all threads of the process (user + system); up to {} filler threads",
+        s.reps, s.target_reps, s.threads
     );
     let _ = writeln!(
         out,
@@ -362,7 +339,10 @@ pub fn text(s: &Summary) -> String {
         let mut rows: Vec<&Row> = vec![s.line];
         rows.extend(s.rows.iter());
         table_rows(&mut out, &rows, s.line_rate);
-        let _ = writeln!(out, "(x line = fraction of the line rate measured in this run)");
+        let _ = writeln!(
+            out,
+            "(x line = fraction of the line rate measured in this run; kvikio-* are KvikIO's reads of the same file)"
+        );
         let _ = writeln!(out, "\nWhat each row does:");
         legend(&mut out, &rows);
         explain(&mut out, s);
@@ -401,26 +381,37 @@ pub fn text(s: &Summary) -> String {
             o.pct, o.round_pct.min, o.round_pct.max, o.medians_pct
         );
     }
-    let targets = targets(s);
-    if !targets.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nTargets{}:",
-            if s.gpu.emulated { " — EMULATED: these are not GPU measurements" } else { "" }
-        );
-        for g in &targets {
-            let tag = match g.pass {
-                Some(true) => "PASS",
-                Some(false) => "MISS",
-                None => "----",
-            };
-            let _ = writeln!(out, "  {tag}  {}", g.detail);
+    if let Some(k) = s.kvikio {
+        let _ = writeln!(out, "\nKvikIO's own run on the same file (bench/kvikio_read.py):");
+        for l in k.text.lines() {
+            let _ = writeln!(out, "  {l}");
         }
     }
+    targets_text(&mut out, s);
     if s.gpu.emulated {
         let _ = writeln!(out, "*** {EMULATED} ***");
     }
     out
+}
+
+fn targets_text(out: &mut String, s: &Summary) {
+    let _ = writeln!(
+        out,
+        "\nTargets{} (PASS / MISS; ---- = not measured, or only partly, in this run):",
+        if s.gpu.emulated { " — EMULATED: these are not GPU measurements" } else { "" }
+    );
+    for g in targets::all(s) {
+        let tag = match g.pass {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "----",
+        };
+        let _ = writeln!(out, "  {tag}  {}: {}", g.name, g.target);
+        let _ = writeln!(out, "        measured: {}", g.measured);
+        if let Some(why) = &g.reason {
+            let _ = writeln!(out, "        why: {why}");
+        }
+    }
 }
 
 fn rows_text(out: &mut String, s: &Summary) {
@@ -482,6 +473,27 @@ fn rows_text(out: &mut String, s: &Summary) {
                 writeln!(out, "PyTorch's own run of the same: python3 bench/torch_rows.py (needs torch and a GPU).");
         }
     }
+    if let Some(r) = find(s.pytorch_rows, "rows-ring-mt") {
+        let mut line = format!(
+            "rows-ring-mt: {} threads filling one PinnedRing reached {:.2} GB/s = {:.2} of the line rate at {:.3} CPU s/GB \
+             ({:.1} ms CPU)",
+            r.note_value("threads").unwrap_or("?"),
+            r.gbps().median,
+            r.fraction(s.line_rate),
+            r.cpu_per_gb(),
+            r.cpu_seconds() * 1e3
+        );
+        if let Some((wall, cpu)) = s.torch.and_then(rows::torch_pin_nb) {
+            let _ = write!(
+                line,
+                "; PyTorch's per-row pin_memory().cuda(non_blocking=True): {:.2} GB/s, {:.1} ms CPU: ours takes {:.2} of its CPU time",
+                r.bytes as f64 / wall / 1e9,
+                cpu * 1e3,
+                r.cpu_seconds() / cpu
+            );
+        }
+        let _ = writeln!(out, "{line}.");
+    }
 }
 
 // ---------------------------------------------------------------- JSON
@@ -494,12 +506,19 @@ struct RowJson<'a> {
     description: &'a str,
     strategy: &'a str,
     bytes: u64,
+    reps: usize,
     gbps_median: f64,
     gbps_min: f64,
     gbps_max: f64,
     /// None for the disk alone (no GPU).
     fraction_of_line_rate: Option<f64>,
+    fraction_of_line_rate_min: Option<f64>,
+    fraction_of_line_rate_max: Option<f64>,
     cpu_s_per_gb: f64,
+    cpu_s_per_gb_min: f64,
+    cpu_s_per_gb_max: f64,
+    /// CPU seconds over wall seconds (median of the repetitions).
+    cores_busy: f64,
     seconds_median: f64,
     cpu_seconds_median: f64,
     peak_pinned_bytes: u64,
@@ -514,18 +533,25 @@ struct RowJson<'a> {
 
 impl<'a> RowJson<'a> {
     fn new(r: &'a Row, line_rate: f64) -> Self {
-        let g = r.gbps();
+        let (g, f, c) = (r.gbps(), r.fractions(line_rate), r.cpu_stats());
+        let gpu = r.kind != Kind::Disk;
         RowJson {
             name: &r.name,
             kind: r.kind.name(),
             description: &r.what,
             strategy: &r.strategy,
             bytes: r.bytes,
+            reps: r.samples.len(),
             gbps_median: g.median,
             gbps_min: g.min,
             gbps_max: g.max,
-            fraction_of_line_rate: (r.kind != Kind::Disk).then(|| g.median / line_rate),
-            cpu_s_per_gb: r.cpu_per_gb(),
+            fraction_of_line_rate: gpu.then_some(f.median),
+            fraction_of_line_rate_min: gpu.then_some(f.min),
+            fraction_of_line_rate_max: gpu.then_some(f.max),
+            cpu_s_per_gb: c.median,
+            cpu_s_per_gb_min: c.min,
+            cpu_s_per_gb_max: c.max,
+            cores_busy: r.cores_busy(),
             seconds_median: r.seconds(),
             cpu_seconds_median: r.cpu_seconds(),
             peak_pinned_bytes: r.peak_pinned,
@@ -534,6 +560,7 @@ impl<'a> RowJson<'a> {
             checksum: match &r.intact {
                 Intact::Yes(c) | Intact::No { got: c, .. } => format!("{c:#018x}"),
                 Intact::Verified(_) => "read back and compared by the library after each copy (scratch buffer)".into(),
+                Intact::Spot { blocks, .. } => format!("spot check: {blocks} blocks of 4 KiB compared with the file"),
                 Intact::Unchecked(why) => format!("not checked: {why}"),
             },
             error: r.error.as_deref(),
@@ -558,6 +585,8 @@ struct DeviceJson<'a> {
 #[derive(Serialize)]
 struct ConfigJson {
     reps: usize,
+    target_reps: usize,
+    row_threads: usize,
     threads: usize,
     quick: bool,
     cores: usize,
@@ -591,18 +620,29 @@ struct OverheadJson {
 }
 
 #[derive(Serialize)]
+/// A script's run (torch_rows.py, kvikio_read.py).
 struct TorchJson<'a> {
     /// What the script printed, or why it did not run.
     output: &'a str,
+    /// Its exit code (None: it did not run, was stopped, or died of a signal).
+    exit_code: Option<i32>,
     /// The JSON the script wrote, as it wrote it.
     results: Option<&'a serde_json::Value>,
+}
+
+impl<'a> TorchJson<'a> {
+    fn new(t: &'a script::Output) -> Self {
+        TorchJson { output: &t.text, exit_code: t.status.and_then(|s| s.code()), results: t.json.as_ref() }
+    }
 }
 
 #[derive(Serialize)]
 struct TargetJson {
     name: &'static str,
+    target: String,
     pass: Option<bool>,
-    detail: String,
+    measured: String,
+    reason: Option<String>,
 }
 
 /// The whole of results.json (and of `--json`).
@@ -621,6 +661,7 @@ struct Doc<'a> {
     pytorch_rows: Vec<RowJson<'a>>,
     overhead: Option<OverheadJson>,
     torch_rows: Option<TorchJson<'a>>,
+    kvikio: Option<TorchJson<'a>>,
     targets: Vec<TargetJson>,
 }
 
@@ -641,7 +682,14 @@ pub fn json(sm: &Summary) -> String {
             memory_free_bytes: gpu.free,
             memory_total_bytes: gpu.total,
         },
-        config: ConfigJson { reps: sm.reps, threads: sm.threads, quick: sm.opts.quick, cores: crate::util::cores() },
+        config: ConfigJson {
+            reps: sm.reps,
+            target_reps: sm.target_reps,
+            row_threads: sm.opts.row_threads,
+            threads: sm.threads,
+            quick: sm.opts.quick,
+            cores: crate::util::cores(),
+        },
         line_rate_gbps: sm.line_rate,
         line_rate: RowJson::new(sm.line, sm.line_rate),
         file: sm.file.as_ref().map(|fi| FileJson {
@@ -669,8 +717,18 @@ pub fn json(sm: &Summary) -> String {
             medians_overhead_pct: o.medians_pct,
             cpu: o.cpu,
         }),
-        torch_rows: sm.torch.map(|t| TorchJson { output: &t.text, results: t.json.as_ref() }),
-        targets: targets(sm).into_iter().map(|g| TargetJson { name: g.name, pass: g.pass, detail: g.detail }).collect(),
+        torch_rows: sm.torch.map(TorchJson::new),
+        kvikio: sm.kvikio.map(TorchJson::new),
+        targets: targets::all(sm)
+            .into_iter()
+            .map(|g: Target| TargetJson {
+                name: g.name,
+                target: g.target,
+                pass: g.pass,
+                measured: g.measured,
+                reason: g.reason,
+            })
+            .collect(),
     };
     // Serializing plain structs of strings and numbers cannot fail.
     let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -693,7 +751,11 @@ struct CsvRow<'a> {
     gbps_min: Option<f64>,
     gbps_max: Option<f64>,
     fraction_of_line_rate: Option<f64>,
+    fraction_of_line_rate_min: Option<f64>,
+    fraction_of_line_rate_max: Option<f64>,
     cpu_s_per_gb: Option<f64>,
+    cpu_s_per_gb_min: Option<f64>,
+    cpu_s_per_gb_max: Option<f64>,
     peak_pinned_bytes: Option<u64>,
     intact: Option<bool>,
     error: Option<String>,
@@ -708,7 +770,8 @@ fn finite(v: f64) -> Option<f64> {
 pub fn csv(sm: &Summary) -> Result<String> {
     let mut w = csv::Writer::from_writer(Vec::new());
     for r in std::iter::once(sm.line).chain(sm.rows).chain(sm.pytorch_rows) {
-        let g = r.gbps();
+        let (g, f, c) = (r.gbps(), r.fractions(sm.line_rate), r.cpu_stats());
+        let gpu = r.kind != Kind::Disk;
         w.serialize(CsvRow {
             kind: r.kind.name(),
             name: &r.name,
@@ -719,8 +782,12 @@ pub fn csv(sm: &Summary) -> Result<String> {
             gbps_median: finite(g.median),
             gbps_min: finite(g.min),
             gbps_max: finite(g.max),
-            fraction_of_line_rate: if r.kind == Kind::Disk { None } else { finite(g.median / sm.line_rate) },
-            cpu_s_per_gb: finite(r.cpu_per_gb()),
+            fraction_of_line_rate: if gpu { finite(f.median) } else { None },
+            fraction_of_line_rate_min: if gpu { finite(f.min) } else { None },
+            fraction_of_line_rate_max: if gpu { finite(f.max) } else { None },
+            cpu_s_per_gb: finite(c.median),
+            cpu_s_per_gb_min: finite(c.min),
+            cpu_s_per_gb_max: finite(c.max),
             peak_pinned_bytes: Some(r.peak_pinned),
             intact: r.intact.as_bool(),
             error: r.error.clone().or_else(|| r.skipped.as_ref().map(|s| format!("skipped: {s}"))),
@@ -743,7 +810,11 @@ pub fn csv(sm: &Summary) -> Result<String> {
             gbps_min: None,
             gbps_max: None,
             fraction_of_line_rate: None,
+            fraction_of_line_rate_min: None,
+            fraction_of_line_rate_max: None,
             cpu_s_per_gb: None,
+            cpu_s_per_gb_min: None,
+            cpu_s_per_gb_max: None,
             peak_pinned_bytes: None,
             intact: None,
             error: None,
@@ -781,8 +852,9 @@ pub fn svg(sm: &Summary) -> String {
     );
     let _ = writeln!(o, r#"<text x="10" y="22" font-size="15" font-weight="bold">{}</text>"#, xml(&title));
     let sub = format!(
-        "median of {} run(s), whiskers min-max; dashed line: the line rate, {:.2} GB/s, measured in the same run",
-        sm.reps, sm.line_rate
+        "median of {} run(s) ({} for auto and ring-cache), whiskers min-max; dashed line: the line rate, {:.2} GB/s, \
+         measured in the same run",
+        sm.reps, sm.target_reps, sm.line_rate
     );
     let _ = writeln!(o, r##"<text x="10" y="42" fill="#444">{}</text>"##, xml(&sub));
     let mut lx = 10.0;
@@ -791,6 +863,7 @@ pub fn svg(sm: &Summary) -> String {
         ("#38a169", "file to GPU"),
         ("#a0aec0", "disk alone (O_DIRECT)"),
         ("#dd6b20", "PyTorch's row-by-row copy"),
+        ("#805ad5", "KvikIO, same file"),
         ("#e53e3e", "data damaged"),
     ] {
         let _ = writeln!(
@@ -807,6 +880,7 @@ pub fn svg(sm: &Summary) -> String {
             Kind::LineRate => "#2b6cb0",
             Kind::Disk => "#a0aec0",
             Kind::Rows => "#dd6b20",
+            Kind::External => "#805ad5",
             Kind::Stream if r.intact.as_bool() == Some(false) => "#e53e3e",
             Kind::Stream => "#38a169",
         };

@@ -12,6 +12,8 @@ pub enum Kind {
     Disk,
     /// The PyTorch row-by-row experiment (`--pytorch-rows`).
     Rows,
+    /// Another tool's run of the same (KvikIO reading the file), in this run.
+    External,
 }
 
 impl Kind {
@@ -21,6 +23,7 @@ impl Kind {
             Kind::Stream => "stream",
             Kind::Disk => "disk",
             Kind::Rows => "pytorch-rows",
+            Kind::External => "external",
         }
     }
 }
@@ -38,6 +41,11 @@ pub enum Intact {
     /// its copy): needed where parts of a scratch buffer are overwritten out
     /// of order, so that no final image can be predicted.
     Verified(bool),
+    /// Spot-checked by another tool: `blocks` blocks compared, all equal or not.
+    Spot {
+        ok: bool,
+        blocks: usize,
+    },
     /// Not checked, and why.
     Unchecked(String),
 }
@@ -50,14 +58,15 @@ impl Intact {
         match self {
             Intact::Yes(_) => Some(true),
             Intact::No { .. } => Some(false),
-            Intact::Verified(ok) => Some(*ok),
+            Intact::Verified(ok) | Intact::Spot { ok, .. } => Some(*ok),
             Intact::Unchecked(_) => None,
         }
     }
     pub fn short(&self) -> String {
         match self {
             Intact::Yes(_) | Intact::Verified(true) => "yes".into(),
-            Intact::No { .. } | Intact::Verified(false) => "NO".into(),
+            Intact::Spot { ok: true, .. } => "spot".into(),
+            Intact::No { .. } | Intact::Verified(false) | Intact::Spot { ok: false, .. } => "NO".into(),
             Intact::Unchecked(_) => "n/a".into(),
         }
     }
@@ -79,6 +88,8 @@ pub struct Row {
     pub what: String,
     /// The strategy the library ran (its Display), or what the bench did.
     pub strategy: String,
+    /// The strategy the library ran, where a library run.
+    pub resolved: Option<wirespeed_pinned::Strategy>,
     /// Bytes moved per repetition.
     pub bytes: u64,
     pub samples: Vec<Sample>,
@@ -100,6 +111,7 @@ impl Row {
             kind,
             what: what.to_string(),
             strategy: String::new(),
+            resolved: None,
             bytes,
             samples: Vec::new(),
             peak_pinned: 0,
@@ -139,13 +151,34 @@ impl Row {
 
     /// Median CPU seconds per GB moved.
     pub fn cpu_per_gb(&self) -> f64 {
+        self.cpu_stats().median
+    }
+
+    /// CPU seconds per GB of each repetition: median, min, max.
+    pub fn cpu_stats(&self) -> Stats {
         let v: Vec<f64> = self.samples.iter().map(|s| s.cpu_seconds / (self.bytes as f64 / 1e9).max(1e-12)).collect();
-        stats(&v).median
+        stats(&v)
     }
 
     /// Median GB/s as a fraction of `line_rate` GB/s.
     pub fn fraction(&self, line_rate: f64) -> f64 {
         self.gbps().median / line_rate
+    }
+
+    /// Each repetition's GB/s as a fraction of `line_rate`: median, min, max.
+    pub fn fractions(&self, line_rate: f64) -> Stats {
+        let g = self.gbps();
+        Stats { median: g.median / line_rate, min: g.min / line_rate, max: g.max / line_rate }
+    }
+
+    /// Cores busy on average (CPU seconds over wall seconds), median of the repetitions.
+    pub fn cores_busy(&self) -> f64 {
+        stats(&self.samples.iter().map(|s| s.cpu_seconds / s.seconds.max(1e-12)).collect::<Vec<_>>()).median
+    }
+
+    /// The value of note `name`, if there is one.
+    pub fn note_value(&self, name: &str) -> Option<&str> {
+        self.notes.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     pub fn note(&mut self, name: &str, value: impl Into<String>) {

@@ -2,8 +2,8 @@
 //! (1024 rows of 2.5 MiB of float32) sent to the GPU one row at a time, the
 //! ways PyTorch code does it (pageable `i.cuda()`, a fresh pinned buffer per
 //! row with `i.pin_memory()`) and ours (pinned memory allocated or registered
-//! once); and PyTorch's own run of the same, through `bench/torch_rows.py`,
-//! where torch is importable.
+//! once; several threads filling one shared `PinnedRing`); and PyTorch's own
+//! run of the same, through `bench/torch_rows.py`, where torch is importable.
 
 use crate::checksum;
 use crate::data::fill_pattern;
@@ -11,11 +11,12 @@ use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::runs::Bench;
 use crate::util::{Fatal, Result};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use wirespeed_bench::cpu;
-use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
+use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags, Stream};
+use wirespeed_pinned::{PinBudget, PinnedRing};
 
 pub const ROWS: usize = 1024;
 pub const COLS: usize = 655_360;
@@ -29,6 +30,7 @@ pub fn torch_code(name: &str) -> &'static str {
         "rows-pin-nb" => "i.pin_memory().cuda(non_blocking=True), no cache",
         "rows-pin" => "i.pin_memory().cuda(), no cache",
         "rows-ring" => "(ours) 4-slot pinned ring, allocated once",
+        "rows-ring-mt" => "(ours) N threads into one PinnedRing, 4 slots each",
         "rows-registered" => "(ours) whole tensor registered once",
         _ => "",
     }
@@ -115,6 +117,7 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     };
 
     let rb = ROW_BYTES as u64;
+    let ring_alloc_ms;
     {
         let host: &[u8] = &host;
         measure(b, "rows-cuda", "pageable cudaMemcpy per row", 0, &mut dst, &mut |_, dst| {
@@ -175,6 +178,27 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
                 Ok(b.stream.synchronize()?)
             },
         )?;
+        drop(slots);
+
+        // Ours, several threads: each takes the next row, copies it into a free
+        // slot of one shared PinnedRing and sends the slot to the row's place.
+        let n = b.opts.row_threads;
+        let t = Instant::now();
+        let ring = PinnedRing::new(4 * n, ROW_BYTES, &PinBudget::unlimited())?;
+        let alloc_ms = t.elapsed().as_secs_f64() * 1e3;
+        measure(
+            b,
+            "rows-ring-mt",
+            &format!(
+                "{n} threads each take the next row, memcpy it into a free slot of one pinned ring ({} slots of a row, \
+                 4 per thread, allocated once) and copy it to its place on one stream; the ring's events decide reuse",
+                4 * n
+            ),
+            (4 * n * ROW_BYTES) as u64,
+            &mut dst,
+            &mut |b, dst| ring_rows(&ring, &b.stream, host, dst, rows, n),
+        )?;
+        ring_alloc_ms = alloc_ms;
     }
 
     // Ours: the whole tensor registered once (it owns the memory meanwhile).
@@ -211,76 +235,104 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
             }
         }
     }
+    if let Some(row) = out.iter_mut().find(|r| r.name == "rows-ring-mt") {
+        row.note("threads", b.opts.row_threads.to_string());
+        row.note("ring allocation ms (once, not in wall)", format!("{ring_alloc_ms:.1}"));
+        row.note("cores busy (CPU s / wall s)", format!("{:.1}", row.cores_busy()));
+    }
     Ok(out)
 }
 
-/// PyTorch's own run of the same experiment (`bench/torch_rows.py`).
-pub struct Torch {
-    /// What it printed (its table), or why it did not run.
-    pub text: String,
-    /// The JSON it wrote, when it ran.
-    pub json: Option<serde_json::Value>,
+/// Copies `rows` rows of `host` to their places in `dst` with `threads`
+/// threads through `ring`: each thread takes the next row, copies it into a
+/// free slot (one whose last copy's event completed: the ring decides) and
+/// enqueues the slot's copy on `stream`, one thread at a time (the destination
+/// is shared); then waits for every copy.
+fn ring_rows(
+    ring: &PinnedRing,
+    stream: &Stream,
+    host: &[u8],
+    dst: &mut DeviceBuffer<u8>,
+    rows: usize,
+    threads: usize,
+) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let dst = Mutex::new(dst);
+    let one = |i: usize| -> Result<()> {
+        let range = i * ROW_BYTES..(i + 1) * ROW_BYTES;
+        let full = ring.acquire()?.copy_from(&host[range.clone()])?;
+        let mut d = dst.lock().unwrap_or_else(PoisonError::into_inner);
+        drop(full.copy_to_device(stream, &mut d.slice_mut(range)?)?); // back to the ring, free once copied
+        Ok(())
+    };
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    while !stop.load(Ordering::Relaxed) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= rows {
+                            break;
+                        }
+                        if let Err(e) = one(i) {
+                            stop.store(true, Ordering::Relaxed);
+                            return Err(e);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Fatal::Run("a row thread panicked".into()))))
+            .collect()
+    });
+    let drained = ring.drain();
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    drained?;
+    Ok(stream.synchronize()?)
 }
+
+/// PyTorch's own run of the same experiment (`bench/torch_rows.py`): what it
+/// printed (its table) or why it did not run, and the JSON it wrote.
+pub type Torch = crate::script::Output;
 
 /// The script, built into the binary so that the bench runs it from any folder.
 const SCRIPT: &str = include_str!("../../../torch_rows.py");
-
-/// Writes the script into a new temporary folder, which also receives its JSON.
-fn script_dir() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
-    let dir = tempfile::Builder::new().prefix("wirespeed-torch-").tempdir()?;
-    let script = dir.path().join("torch_rows.py");
-    std::fs::write(&script, SCRIPT)?;
-    Ok((dir, script))
-}
 
 /// Runs torch_rows.py with the same rows and repetitions, so that one run
 /// prints both tables. It skips itself (exit 0) where torch or a GPU is missing.
 pub fn torch(b: &Bench, rows: usize) -> Torch {
     if b.gpu.emulated {
-        return Torch { text: "skipped: this is an emulated run".into(), json: None };
+        return Torch::not_run("skipped: this is an emulated run".into());
     }
-    let (dir, script) = match script_dir() {
-        Ok(d) => d,
-        Err(e) => {
-            return Torch {
-                text: format!("skipped: could not write the script to a temporary folder ({e})"),
-                json: None,
-            };
-        }
-    };
-    let json_path = dir.path().join("results.json");
     let (rows_s, reps_s) = (rows.to_string(), b.reps.to_string());
     b.progress
         .note(&format!("running PyTorch's own version: python3 bench/torch_rows.py --rows {rows_s} --reps {reps_s}"));
-    let out = Command::new("python3")
-        .arg(&script)
-        .args(["--rows", &rows_s, "--reps", &reps_s, "--json"])
-        .arg(&json_path)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output();
-    match out {
-        Err(e) => Torch { text: format!("skipped: could not run python3 ({e})"), json: None },
-        Ok(o) => {
-            let mut text = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
-            if !o.status.success() {
-                text.push_str(&format!("\n(torch_rows.py exited with {})", o.status));
-            }
-            let json = std::fs::read(&json_path).ok().and_then(|j| serde_json::from_slice(&j).ok());
-            Torch { text, json }
-        }
-    } // the folder is removed here
+    // Generous: the script's own runs take seconds; this only stops a hung one.
+    let limit = Duration::from_secs(300 + 2 * rows as u64 * b.reps as u64 / 10);
+    crate::script::run("torch_rows.py", SCRIPT, &["--rows".into(), rows_s, "--reps".into(), reps_s], &[], limit)
+}
+
+/// PyTorch's per-row `i.pin_memory().cuda(non_blocking=True)`, as its script
+/// measured it: (wall seconds, CPU seconds), medians.
+pub fn torch_pin_nb(t: &Torch) -> Option<(f64, f64)> {
+    let r = t.json.as_ref()?.get("results")?.as_array()?.iter().find(|r| r["name"] == "torch-pin-nb")?;
+    Some((r["wall_ms"].as_f64()? / 1e3, r["cpu_ms"].as_f64()? / 1e3))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::{Command, Stdio};
 
     /// The built-in script runs from its temporary folder: it skips itself
     /// (exit 0) without torch or a GPU, or runs one row where both are there.
     #[test]
     fn script_runs_or_skips() {
-        let (dir, script) = script_dir().unwrap();
+        let (dir, script) = crate::script::write("torch_rows.py", SCRIPT).unwrap();
         assert_eq!(std::fs::read_to_string(&script).unwrap(), SCRIPT);
         let out = Command::new("python3")
             .arg(&script)

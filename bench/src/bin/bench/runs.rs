@@ -28,6 +28,8 @@ pub struct Bench {
     /// Most filler threads (--threads, default the cores).
     pub threads: usize,
     pub reps: usize,
+    /// Repetitions of the target rows (auto, ring-cache).
+    pub target_reps: usize,
     pub readback: Readback,
     /// GB/s of the line-rate run of this process.
     pub line_rate: f64,
@@ -48,12 +50,12 @@ impl Bench {
         )
     }
 
-    fn sample_done(&self, row: &mut Row, s: Sample) {
+    fn sample_done(&self, row: &mut Row, s: Sample, reps: usize) {
         row.samples.push(s);
-        self.progress.rep_done(&self.label(row, &s, self.reps), self.reps);
+        self.progress.rep_done(&self.label(row, &s, reps), reps);
     }
 
-    fn finished(&self, row: &Row) {
+    pub fn finished(&self, row: &Row) {
         let msg = if let Some(e) = &row.error {
             format!("  {:<18} FAILED: {e}", row.name)
         } else if let Some(s) = &row.skipped {
@@ -61,7 +63,12 @@ impl Bench {
         } else {
             let g = row.gbps();
             let frac = if self.line_rate > 0.0 && row.kind != Kind::Disk {
-                format!(" = {:.2} x line rate", g.median / self.line_rate)
+                let f = row.fractions(self.line_rate);
+                if row.samples.len() > 1 {
+                    format!(" = {:.2} x line rate ({:.2}-{:.2})", f.median, f.min, f.max)
+                } else {
+                    format!(" = {:.2} x line rate", f.median)
+                }
             } else {
                 String::new()
             };
@@ -247,7 +254,7 @@ pub fn pageable(b: &mut Bench, data: &Data, dest: &mut Dest) -> Result<Row> {
                     b.progress.update(done, data.len);
                 })
             })?;
-            b.sample_done(&mut row, s);
+            b.sample_done(&mut row, s, b.reps);
         }
         row.intact = dest.verify(b, bytes, Some(data.checksum))?;
         Ok(())
@@ -290,7 +297,7 @@ pub fn per_batch_pinned(b: &mut Bench, data: &Data, dest: &mut Dest) -> Result<R
                 Ok(())
             })?;
             alloc_seconds.push(alloc);
-            b.sample_done(&mut row, s);
+            b.sample_done(&mut row, s, b.reps);
         }
         row.intact = dest.verify(b, bytes, Some(data.checksum))?;
         Ok(())
@@ -324,6 +331,8 @@ pub struct LibRun {
     /// unregistering the whole file). Otherwise one streamer, made untimed,
     /// serves every repetition, as a program would use it.
     pub fresh: bool,
+    /// Timed repetitions.
+    pub reps: usize,
 }
 
 fn transfer(streamer: &Streamer, data: &Data, range: &Range<u64>, target: &mut Dest) -> Result<Report> {
@@ -369,7 +378,8 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             }
         }
         let mut regs = 0;
-        for rep in 0..b.reps {
+        let reps = spec.reps.max(1);
+        for rep in 0..reps {
             target.clear(&b.stream)?;
             if spec.cold {
                 data.file.drop_page_cache()?;
@@ -382,7 +392,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
                 }
             }
             spec.budget.reset_peak();
-            b.progress.begin(&row.name, rep + 1, b.reps);
+            b.progress.begin(&row.name, rep + 1, reps);
             let (report, s) = timed(|| {
                 let fresh = if kept.is_none() { Some(make(false)?) } else { None };
                 let st = fresh.as_ref().or(kept.as_ref()).ok_or_else(|| Fatal::Run("no streamer".into()))?;
@@ -394,9 +404,10 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
             regs += report.registrations;
             row.strategy = report.strategy.to_string();
-            b.sample_done(&mut row, s);
+            row.resolved = Some(report.strategy);
+            b.sample_done(&mut row, s, reps);
         }
-        row.registrations = Some(regs / b.reps as u64);
+        row.registrations = Some(regs / reps as u64);
         if target.scratch && len > target.buf.len() as u64 {
             // Parts that share scratch bytes may land in any order (threads,
             // windows from the front and the ring from the back): no final
@@ -423,27 +434,63 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
 
 // ---------------------------------------------------------------- disk
 
-/// The disk alone: O_DIRECT reads of the file, one thread, 16 MiB at a time.
+/// Reader-thread counts the disk is measured with.
+pub const DISK_THREADS: [usize; 4] = [1, 4, 8, 16];
+
+/// The disk alone: parallel O_DIRECT reads of the file, 16 MiB each, into
+/// aligned buffers, no GPU. One pass with each of [`DISK_THREADS`], then more
+/// passes with the fastest count until it has `b.reps`; the row is that count's.
 pub fn disk_direct(b: &mut Bench, data: &Data) -> Result<Row> {
-    let what = "O_DIRECT reads, 16 MiB, one thread, no GPU (what `dd iflag=direct bs=16M` reads)";
+    let what = "parallel O_DIRECT reads, 16 MiB each, no GPU: what the disk gives (best of 1, 4, 8, 16 threads)";
     if data.tmpfs {
         return Ok(Row::skipped("disk-direct", Kind::Disk, what, "the file is on tmpfs (RAM): no disk to measure"));
     }
     let mut row = Row::new("disk-direct", Kind::Disk, what, data.len);
-    row.strategy = "pread(O_DIRECT)".into();
     row.intact = Intact::Unchecked("disk only, nothing sent to the GPU".into());
     let r = (|| -> Result<()> {
-        for rep in 0..b.reps {
-            b.progress.begin(&row.name, rep + 1, b.reps);
-            let (res, s) = timed(|| data::read_direct(&data.path, data.len, &b.progress))?;
-            match res {
-                Ok(secs) => b.sample_done(&mut row, Sample { seconds: secs, cpu_seconds: s.cpu_seconds }),
+        let mut by_threads: Vec<(usize, Vec<Sample>)> = Vec::new();
+        let pass = |b: &Bench, t: usize, rep: usize, reps: usize| -> Result<std::result::Result<Sample, String>> {
+            b.progress.begin(&format!("disk-direct, {t} thread(s)"), rep, reps);
+            let (res, s) = timed(|| data::read_direct(&data.path, data.len, t, &b.progress))?;
+            Ok(res.map(|secs| Sample { seconds: secs, cpu_seconds: s.cpu_seconds }))
+        };
+        for t in DISK_THREADS {
+            match pass(b, t, 1, 1)? {
+                Ok(s) => {
+                    b.progress.note(&format!(
+                        "  disk-direct, {t:>2} thread(s): {:.2} GB/s",
+                        data.len as f64 / s.seconds.max(1e-12) / 1e9
+                    ));
+                    by_threads.push((t, vec![s]));
+                }
                 Err(why) => {
                     row.skipped = Some(why);
-                    break;
+                    return Ok(());
                 }
             }
         }
+        let rate = |s: &Sample| data.len as f64 / s.seconds.max(1e-12) / 1e9;
+        let best = by_threads
+            .iter()
+            .enumerate()
+            .max_by(|(_, a), (_, c)| rate(&a.1[0]).total_cmp(&rate(&c.1[0])))
+            .map_or(0, |(i, _)| i);
+        let t = by_threads[best].0;
+        while by_threads[best].1.len() < b.reps {
+            let rep = by_threads[best].1.len() + 1;
+            match pass(b, t, rep, b.reps)? {
+                Ok(s) => by_threads[best].1.push(s),
+                Err(why) => {
+                    row.skipped = Some(why);
+                    return Ok(());
+                }
+            }
+        }
+        let rates: Vec<String> = by_threads.iter().map(|(t, s)| format!("{t}: {:.2}", rate(&s[0]))).collect();
+        row.note("GB/s by reader threads (first pass)", rates.join(", "));
+        row.strategy = format!("pread(O_DIRECT), {t} thread(s), 16 MiB");
+        row.note("threads", t.to_string());
+        row.samples = by_threads.swap_remove(best).1;
         Ok(())
     })();
     let row = settle(row, r)?;
@@ -473,10 +520,10 @@ pub fn windows_for(budget: u64) -> Strategy {
 }
 
 /// The hybrid with all `threads` ring threads within `budget`: a quarter of it
-/// to the ring (2 slots per thread, at most 16 MiB each), the rest to the 4
-/// windows the library keeps registered at once.
+/// to the ring (4 slots per thread, as the library plans them, at most 16 MiB
+/// each), the rest to the 4 windows the library keeps registered at once.
 pub fn hybrid_for(threads: usize, budget: u64) -> Strategy {
-    let slots = 2 * threads;
+    let slots = 4 * threads;
     let slot = slot_within(budget / 4, slots, 16 * MIB);
     let rest = budget.saturating_sub((slot * slots) as u64) / 4;
     let window = (rest / (64 * KIB) * (64 * KIB)).clamp(64 * KIB, GIB) as usize;
@@ -490,6 +537,11 @@ pub fn direct_for(threads: usize, budget: u64) -> Strategy {
     Strategy::Direct { slots, slot: slot_within(budget, slots, 16 * MIB), threads: t }
 }
 
+/// The cache-sized ring the targets name: 32 slots of 4 MiB (128 MiB pinned), 8 threads.
+pub const RING_CACHE: Strategy = Strategy::Ring { slots: 32, slot: 4 << 20, threads: 8 };
+/// Its own pin budget: what the target allows it.
+pub const RING_CACHE_BUDGET: u64 = 128 * MIB;
+
 /// Ring filler-thread counts: 1, 4, 8 and the maximum, up to the maximum.
 pub fn ring_threads(max: usize) -> Vec<usize> {
     let mut v: Vec<usize> = [1, 4, 8].into_iter().filter(|&t| t < max).collect();
@@ -497,15 +549,25 @@ pub fn ring_threads(max: usize) -> Vec<usize> {
     v
 }
 
+/// What the file-streaming runs produced.
+pub struct Streamed {
+    pub rows: Vec<Row>,
+    /// Where the file went on the device, in words.
+    pub destination: String,
+    /// What KvikIO's script printed and wrote, where it ran.
+    pub kvikio: Option<crate::script::Output>,
+}
+
 /// Every file-streaming run, in order (cold runs last: they empty the page
-/// cache). Returns the rows and a description of the destination.
-pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, String)> {
+/// cache).
+pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
     let mut rows = Vec::new();
     let mut dest = Dest::new(&b.gpu, data.len)?;
     b.progress.note(&format!("destination: {}", dest.describe()));
     let opts = b.opts.clone();
     let sel = |n: &str| opts.selected(n);
     let threads = b.threads;
+    let (reps, target_reps) = (b.reps, b.target_reps);
     let lim = || PinBudget::new(budget);
     let full = 0..data.len;
     let lib = |name: &str, what: String, strategy: Strategy, budget: PinBudget, cold: bool| LibRun {
@@ -517,6 +579,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, 
         range: full.clone(),
         warm_up: !cold,
         fresh: false,
+        reps,
     };
 
     if sel("pageable") {
@@ -529,10 +592,20 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, 
         let name = format!("ring-{t}");
         if sel(&name) {
             let s = ring_for(t, budget);
-            let what =
-                format!("pinned slots allocated once, filled by {t} thread(s) reading the file, copied as filled");
+            let what = format!(
+                "pinned slots allocated once (sized from the budget), filled by {t} thread(s) by memcpy from the mapping, copied as filled"
+            );
             rows.push(library(b, data, &mut dest, lib(&name, what, s, lim(), false))?);
         }
+    }
+    if sel("ring-cache") {
+        let what =
+            "the ring alone, cache-sized: slots of 4 MiB that stay in the CPU cache between the memcpy and the DMA, \
+                    4 per thread, within a 128 MiB budget of its own"
+                .to_string();
+        let mut spec = lib("ring-cache", what, RING_CACHE, PinBudget::new(RING_CACHE_BUDGET), false);
+        spec.reps = target_reps;
+        rows.push(library(b, data, &mut dest, spec)?);
     }
     if sel("windows") {
         let what = "windows of the mapping registered in place, copied, unregistered; no memcpy".to_string();
@@ -556,7 +629,9 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, 
             fmt_bytes(data.len),
             fmt_bytes(budget)
         );
-        rows.push(library(b, data, &mut dest, lib("auto", what, Strategy::Auto, lim(), false))?);
+        let mut spec = lib("auto", what, Strategy::Auto, lim(), false);
+        spec.reps = target_reps;
+        rows.push(library(b, data, &mut dest, spec)?);
     }
     if sel("budget-reuse") {
         // A registration rounds out to pages and may need one more: stay two pages under the budget.
@@ -566,17 +641,21 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, 
         spec.range = 0..n;
         rows.push(library(b, data, &mut dest, spec)?);
     }
-    let cold = ["disk-direct", "cold-auto", "cold-direct"];
+    let (hot, cold) = (sel("kvikio-hot"), sel("kvikio-cold") && !data.tmpfs);
+    let mut kvikio = None;
+    if hot || cold {
+        // Its own GPU memory beside ours: the destination stays allocated.
+        let (kv_rows, out) = crate::kvikio::run(b, data, hot, cold);
+        rows.extend(kv_rows);
+        kvikio = out;
+    }
+    let cold = ["kvikio-cold", "disk-direct", "cold-auto", "cold-direct"];
     if data.tmpfs {
         for n in cold.into_iter().filter(|n| sel(n)) {
-            rows.push(Row::skipped(
-                n,
-                Kind::Stream,
-                "cold read",
-                "the file is on tmpfs (RAM): nothing is read from a disk",
-            ));
+            let kind = if n == "disk-direct" { Kind::Disk } else { Kind::Stream };
+            rows.push(Row::skipped(n, kind, "cold read", "the file is on tmpfs (RAM): nothing is read from a disk"));
         }
-        return Ok((rows, dest.describe()));
+        return Ok(Streamed { rows, destination: dest.describe(), kvikio });
     }
     if sel("disk-direct") {
         rows.push(disk_direct(b, data)?);
@@ -589,5 +668,5 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<(Vec<Row>, 
         let what = "page cache dropped, O_DIRECT reads straight into pinned slots".to_string();
         rows.push(library(b, data, &mut dest, lib("cold-direct", what, direct_for(threads, budget), lim(), true))?);
     }
-    Ok((rows, dest.describe()))
+    Ok(Streamed { rows, destination: dest.describe(), kvikio })
 }
