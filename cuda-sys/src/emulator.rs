@@ -13,8 +13,8 @@
 //! twice), device memory is bounds checked, and every live resource is counted.
 //! Faults can be injected into the Nth call of any function.
 //!
-//! It also models the driver API slice that cuda-sys binds, handed out by its
-//! `cudaGetDriverEntryPointByVersion`: contexts made with `cuCtxCreate`
+//! It also models the driver API slice of [`DriverApi`](crate::DriverApi), handed out by
+//! its `cudaGetDriverEntryPointByVersion`: contexts made with `cuCtxCreate`
 //! (a per-thread stack of current contexts), and `cuMemHostRegister` in them.
 //! In such a second context, as measured on an H200, unregistering does not
 //! wait for the copies that read the memory: the emulator refuses an
@@ -299,3 +299,20 @@ pub fn unregister_violations() -> Result<u64, LoadError> {
     Ok(controls()?.unregister_violations())
 }
 
+/// The emulator's driver functions, through its `cudaGetDriverEntryPointByVersion`
+/// (loading it if needed, as [`load`]); [`crate::driver()`] gives the same ones
+/// once the emulator is the process-wide runtime ([`install`]).
+///
+/// ```
+/// let drv = wirespeed_cuda_sys::emulator::driver()?;
+/// // SAFETY: no arguments but the flags, which must be 0.
+/// assert_eq!(unsafe { (drv.api().cuInit)(0) }.0, 0);
+/// # Ok::<(), wirespeed_cuda_sys::LoadError>(())
+/// ```
+///
+/// # Errors
+/// As [`load`] and [`Driver::from_runtime`](crate::Driver::from_runtime).
+pub fn driver() -> Result<&'static crate::Driver, LoadError> {
+    static DRIVER: OnceLock<Result<&'static crate::Driver, LoadError>> = OnceLock::new();
+    DRIVER.get_or_init(|| crate::Driver::from_runtime(load()?)).clone()
+}
