@@ -27,7 +27,10 @@
 //!    fences still hold.
 //! 3. **Ownership passing for registered memory.** [`HostRegistration`] owns
 //!    the memory it registers: leaking the registration leaks the memory, so a
-//!    copy can never read memory that was freed or reused.
+//!    copy can never read memory that was freed or reused. The same holds for
+//!    memory registered in a [`RegistrationContext`] (a second driver context,
+//!    whose unregister does not wait for copies): the registration waits for
+//!    its fence before it unregisters, and a leaked one is never unregistered.
 //!
 //! Pageable memory (`&[T]`) implements none of the source traits: it reaches
 //! the device only through the explicitly synchronous
@@ -73,6 +76,7 @@
 //! points the loader at it (cuda-sys's `emulator` feature, on for this crate's
 //! tests). Without that line they use the real runtime, unchanged.
 
+mod context;
 mod device;
 mod error;
 mod memory;
@@ -80,6 +84,7 @@ mod raw;
 mod stream;
 mod sync;
 
+pub use context::RegistrationContext;
 pub use device::{Device, RuntimeInfo, runtime_info};
 pub use error::{Error, Result, STICKY_CODES};
 pub use memory::{
