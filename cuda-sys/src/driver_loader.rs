@@ -203,11 +203,12 @@ impl Driver {
 }
 
 /// The process-wide driver functions, resolved on first use: through the
-/// process-wide [`runtime()`]'s `cudaGetDriverEntryPointByVersion` when it has
-/// one (so that the emulated runtime and a real one take the same path, and a
-/// program never mixes an emulated runtime with a real driver), else from
-/// [`DRIVER_LIBRARY`] (a runtime before 12.5, or none). The outcome of the
-/// first attempt is kept.
+/// process-wide [`runtime()`]'s `cudaGetDriverEntryPointByVersion` (so that the
+/// emulated runtime and a real one take the same path), else, when a real
+/// runtime lacks it (before 12.5), cannot answer, or does not load, from
+/// [`DRIVER_LIBRARY`] by the versioned names. The emulated runtime's answer is
+/// final: a program never mixes it with a real driver. The outcome of the first
+/// attempt is kept.
 ///
 /// ```
 /// match wirespeed_cuda_sys::driver() {
@@ -227,10 +228,13 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
             match runtime() {
                 Ok(rt) => match Driver::from_runtime(rt) {
                     Ok(d) => return Ok(d),
+                    // The emulator (it exports its controls) is never mixed with a real driver.
+                    Err(e) if !rt.optional_symbol(c"cudaEmuGetCounters").is_null() => return Err(e),
                     Err(LoadError::MissingSymbol { library, symbol }) => {
                         tried.push((format!("{symbol} of {library}"), "the runtime does not export it".to_string()));
                     }
-                    Err(e) => return Err(e), // the runtime answered: no other driver is mixed in
+                    Err(LoadError::NoDriver { tried: t }) => tried.extend(t),
+                    Err(e) => tried.push((format!("cudaGetDriverEntryPointByVersion of {}", rt.path()), e.to_string())),
                 },
                 Err(e) => tried.push(("the CUDA runtime".to_string(), e.to_string())),
             }

@@ -173,6 +173,50 @@ fn wheel_runtimes_hand_out_the_driver_functions_or_say_why() {
     }
 }
 
+const DRIVER_CHILD: &str = "REGCTX_DRIVER_CHILD";
+
+/// The process-wide `driver()` with the real CUDA 13 runtime of the wheel
+/// (`CUDA_WHEEL_LIBS`), in a child process (the runtime is chosen once per
+/// process): the driver functions through it with a driver, else a typed
+/// error that lists both ways tried.
+#[test]
+fn the_process_wide_driver_with_a_real_runtime() {
+    let Some(dir) = std::env::var_os("CUDA_WHEEL_LIBS").filter(|d| !d.is_empty()) else {
+        eprintln!("note: CUDA_WHEEL_LIBS is not set: the process-wide driver() on a real runtime is not checked");
+        return;
+    };
+    let lib = std::path::Path::new(&dir).join("libcudart.so.13");
+    let r = wirespeed_tests::run_child_expecting(
+        "driver_child",
+        false,
+        &[(DRIVER_CHILD, lib.to_str().unwrap())],
+        "DRIVER-CHILD-OK",
+    );
+    let said = r.stdout.lines().find_map(|l| l.split_once("driver: ").map(|(_, t)| t.to_string()));
+    eprintln!("driver(): {}", said.unwrap_or_default());
+}
+
+/// Runs only in the child process started above.
+#[test]
+fn driver_child() {
+    let Some(lib) = std::env::var_os(DRIVER_CHILD) else { return };
+    // SAFETY: the CUDA runtime of the wheel, before anything loaded one.
+    unsafe { wirespeed_cuda::sys::set_runtime_path(lib.to_str().unwrap()) }.unwrap();
+    match wirespeed_cuda::sys::driver() {
+        Ok(d) => {
+            assert!(d.source().contains("cudaGetDriverEntryPointByVersion"), "{}", d.source());
+            println!("driver: {}", d.source());
+        }
+        Err(e @ wirespeed_cuda::sys::LoadError::NoDriver { .. }) => {
+            let s = e.to_string();
+            assert!(s.contains("cudaGetDriverEntryPointByVersion of") && s.contains("libcuda.so.1"), "{s}");
+            println!("driver: {s}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+    println!("DRIVER-CHILD-OK");
+}
+
 #[test]
 fn the_entry_point_lookup_picks_the_abi_by_version() {
     let t = start();
