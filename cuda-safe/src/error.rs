@@ -1,6 +1,7 @@
 //! Errors: every fallible call returns [`Result`], never panics.
 
 use std::fmt;
+use wirespeed_cuda_sys::driver::CUresult;
 use wirespeed_cuda_sys::{LoadError, cudaError_t};
 
 /// The result of every fallible call of this crate.
@@ -21,7 +22,19 @@ pub enum Error {
         /// The runtime's description.
         message: String,
     },
-    /// No CUDA runtime could be loaded.
+    /// A CUDA driver API call returned an error (a
+    /// [`RegistrationContext`](crate::RegistrationContext)'s calls).
+    Driver {
+        /// The driver function that failed (`"cuCtxCreate"`).
+        call: &'static str,
+        /// The raw `CUresult`.
+        code: u32,
+        /// Its enum name (`"CUDA_ERROR_DEVICE_UNAVAILABLE"`).
+        name: String,
+        /// The driver's description.
+        message: String,
+    },
+    /// No CUDA runtime (or, for the driver calls, no driver API) could be loaded.
     Load(LoadError),
     /// An argument this crate checked before calling CUDA was wrong.
     InvalidArgument {
@@ -49,16 +62,29 @@ impl Error {
         Error::Cuda { call, code: code.0, name, message }
     }
 
+    /// Builds an error from a driver return code (`code` must not be success).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn driver(call: &'static str, code: CUresult) -> Self {
+        let (name, message) = match wirespeed_cuda_sys::driver() {
+            Ok(d) => (d.error_name(code), d.error_string(code)),
+            Err(_) => (format!("CUresult({})", code.0), String::new()),
+        };
+        Error::Driver { call, code: code.0, name, message }
+    }
+
     #[cold]
     #[inline(never)]
     pub(crate) fn invalid(call: &'static str, message: impl Into<String>) -> Self {
         Error::InvalidArgument { call, message: message.into() }
     }
 
-    /// The raw CUDA code, if this came from CUDA.
+    /// The raw CUDA code, if this came from CUDA: a `cudaError_t` for a runtime
+    /// call, a `CUresult` for a driver call ([`Error::Driver`]). The two agree on
+    /// the codes this crate names (1, 2, 712, 713, and the sticky ones).
     pub fn code(&self) -> Option<u32> {
         match self {
-            Error::Cuda { code, .. } => Some(*code),
+            Error::Cuda { code, .. } | Error::Driver { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -66,7 +92,7 @@ impl Error {
     /// The CUDA function or operation that failed.
     pub fn call(&self) -> &str {
         match self {
-            Error::Cuda { call, .. } | Error::InvalidArgument { call, .. } => call,
+            Error::Cuda { call, .. } | Error::Driver { call, .. } | Error::InvalidArgument { call, .. } => call,
             Error::Load(_) => "loading the CUDA runtime",
         }
     }
@@ -85,9 +111,26 @@ impl Error {
     /// What to do about it, where there is something to say.
     pub fn hint(&self) -> Option<&'static str> {
         let code = match self {
+            Error::Load(LoadError::NoDriver { .. } | LoadError::MissingDriverSymbol { .. }) => {
+                return Some(
+                    "no usable driver API for a registration context: register in the primary context (HostRegistration::new) instead",
+                );
+            }
             Error::Load(_) => return Some("install the CUDA runtime or set CUDA_SYS_RUNTIME to a libcudart.so"),
             Error::InvalidArgument { .. } => return None,
-            Error::Cuda { code, .. } => *code,
+            Error::Driver { call: "cuCtxCreate", code, .. } if !STICKY_CODES.contains(code) => {
+                return Some(
+                    "a second context cannot be made on this device (exclusive-process compute mode, an MPS client, \
+                     or no memory for it): fall back to registering in the primary context (HostRegistration::new)",
+                );
+            }
+            Error::Driver { call: "cuMemHostUnregister", code: 401, .. } => {
+                return Some(
+                    "a copy still used the memory: a registration context's unregister does not wait for copies, \
+                     wait for their events first",
+                );
+            }
+            Error::Cuda { code, .. } | Error::Driver { code, .. } => *code,
         };
         Some(match code {
             2 => {
@@ -96,7 +139,7 @@ impl Error {
             35 => "no usable NVIDIA driver: install one matching the runtime, or use the emulated runtime for tests",
             100 => "no CUDA device is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES",
             101 => "device index out of range: see Device::count()",
-            1 if self.call() == "cudaHostRegister" => {
+            1 if self.call() == "cudaHostRegister" || self.call() == "cuMemHostRegister" => {
                 "cudaHostRegister refused the range: a read-only or file mapping needs the ReadOnly flag (PROT_READ + MAP_SHARED), and the range must be mapped"
             }
             712 => "these pages are already registered: share the existing registration or register disjoint pages",
@@ -111,7 +154,7 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Cuda { call, code, name, message } => {
+            Error::Cuda { call, code, name, message } | Error::Driver { call, code, name, message } => {
                 write!(f, "{call} failed: {name} ({code}): {message}")?;
             }
             Error::Load(e) => write!(f, "{e}")?,

@@ -27,7 +27,10 @@
 //!    fences still hold.
 //! 3. **Ownership passing for registered memory.** [`HostRegistration`] owns
 //!    the memory it registers: leaking the registration leaks the memory, so a
-//!    copy can never read memory that was freed or reused.
+//!    copy can never read memory that was freed or reused. The same holds for
+//!    memory registered in a [`RegistrationContext`] (a second driver context,
+//!    whose unregister does not wait for copies): the registration waits for
+//!    its fence before it unregisters, and a leaked one is never unregistered.
 //!
 //! Pageable memory (`&[T]`) implements none of the source traits: it reaches
 //! the device only through the explicitly synchronous
@@ -74,6 +77,7 @@
 //! tests). Without that line they use the real runtime, unchanged.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod context;
 mod device;
 mod error;
 mod memory;
@@ -81,6 +85,7 @@ mod raw;
 mod stream;
 mod sync;
 
+pub use context::RegistrationContext;
 pub use device::{Device, RuntimeInfo, runtime_info};
 pub use error::{Error, Result, STICKY_CODES};
 pub use memory::{

@@ -5,6 +5,7 @@
 //! the [`Pending`] they return and record themselves in the fences; host access
 //! (`as_slice`, `as_mut_slice`, `to_vec`) and `Drop` wait on the fence first.
 
+use crate::context::RegistrationContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::raw;
@@ -12,6 +13,7 @@ use crate::stream::{Fence, Pending, Stream};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, Range, RangeBounds};
+use std::sync::Arc;
 use wirespeed_cuda_sys::cudaMemcpyKind;
 
 /// Plain old data: any bit pattern is a valid value, no padding, no pointers
@@ -637,7 +639,7 @@ unsafe impl HostMemory for Box<[u8]> {
     }
 }
 
-/// Flags for [`HostRegistration::new`].
+/// Flags for [`HostRegistration::new`] and [`HostRegistration::new_in`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RegisterFlags {
     /// Registered for every device (several GPUs).
@@ -650,7 +652,8 @@ pub struct RegisterFlags {
 }
 
 impl RegisterFlags {
-    /// The raw `cudaHostRegister*` bits.
+    /// The raw `cudaHostRegister*` bits (the same bits as the driver's
+    /// `CU_MEMHOSTREGISTER_*`).
     pub fn bits(self) -> u32 {
         let mut b = wirespeed_cuda_sys::cudaHostRegisterDefault;
         if self.portable {
@@ -673,6 +676,11 @@ impl RegisterFlags {
 /// the memory too, so a copy can never outlive what it reads. `Drop` waits for
 /// every stream still reading it, unregisters, then drops `M`.
 ///
+/// [`HostRegistration::new`] registers in the device's primary context (the
+/// runtime's); [`HostRegistration::new_in`] in a [`RegistrationContext`],
+/// whose unregister neither waits for nor stalls the primary context's copies.
+/// Copies from either are issued the same way, by [`Stream`]'s methods.
+///
 /// ```
 /// # fn main() -> wirespeed_cuda::Result<()> {
 /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
@@ -693,6 +701,9 @@ pub struct HostRegistration<M: HostMemory> {
     /// Without `portable`, the registration belongs to the device (context)
     /// current when it was made: unregistering makes that device current again.
     device: Option<Device>,
+    /// The registration context it was made in (`None`: the primary context),
+    /// kept alive until it is unregistered; leaked with the memory otherwise.
+    context: Option<Arc<RegistrationContext>>,
     fence: Fence,
 }
 
@@ -707,6 +718,7 @@ impl<M: HostMemory> std::fmt::Debug for HostRegistration<M> {
             .field("ptr", &self.ptr)
             .field("len", &self.len)
             .field("flags", &self.flags)
+            .field("context", &self.context.as_ref().map(|c| c.id()))
             .finish()
     }
 }
@@ -745,7 +757,105 @@ impl<M: HostMemory> HostRegistration<M> {
             raw::clear_last_error();
             return Err((e, mem));
         }
-        Ok(HostRegistration { mem: std::mem::ManuallyDrop::new(mem), ptr, len, flags, device, fence: Fence::default() })
+        Ok(HostRegistration {
+            mem: std::mem::ManuallyDrop::new(mem),
+            ptr,
+            len,
+            flags,
+            device,
+            context: None,
+            fence: Fence::default(),
+        })
+    }
+
+    /// Registers all of `mem` in the registration context `ctx`
+    /// (`cuMemHostRegister`, with `ctx` current on the calling thread for that
+    /// call only), always `portable` (whatever `flags` says): the copies from it
+    /// run in the primary context. `read_only` is needed for read-only and file
+    /// mappings, as for [`HostRegistration::new`]. On error `mem` is dropped;
+    /// use [`HostRegistration::try_new_in`] to get it back.
+    ///
+    /// The registration holds `ctx` until it is unregistered. Unregistering in
+    /// a registration context does not wait for copies: this type waits for
+    /// every copy that read the memory first, on every path (`Drop`,
+    /// [`into_inner`](HostRegistration::into_inner), after errors), and a
+    /// registration that is leaked (`mem::forget`) or that cannot be released
+    /// is never unregistered: its memory and `ctx` leak with it.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use std::sync::Arc;
+    /// use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, RegisterFlags, RegistrationContext, Stream};
+    /// let dev = Device::get(0)?;
+    /// let ctx = Arc::new(RegistrationContext::new(&dev)?);
+    /// let reg = HostRegistration::new_in(&ctx, vec![3u8; 4096].into_boxed_slice(), RegisterFlags::default())?;
+    /// assert!(reg.flags().portable);
+    /// let mut d = DeviceBuffer::<u8>::new(&dev, 4096)?;
+    /// Stream::new(&dev)?.copy_to_device(&reg, &mut d)?.wait()?;
+    /// let data = reg.into_inner()?; // unregistered in `ctx`, yours again
+    /// # let _ = data; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`HostRegistration::new`], from `cuMemHostRegister` as
+    /// [`Error::Driver`]; [`Error::Driver`] from `cuCtxPushCurrent` or
+    /// `cuCtxPopCurrent`.
+    pub fn new_in(ctx: &Arc<RegistrationContext>, mem: M, flags: RegisterFlags) -> Result<Self> {
+        Self::try_new_in(ctx, mem, flags).map_err(|(e, _)| e)
+    }
+
+    /// As [`HostRegistration::new_in`], handing `mem` back with the error on failure.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use std::sync::Arc;
+    /// use wirespeed_cuda::{Device, HostRegistration, RegisterFlags, RegistrationContext};
+    /// let ctx = Arc::new(RegistrationContext::new(&Device::get(0)?)?);
+    /// let (e, empty) = HostRegistration::try_new_in(&ctx, Box::<[u8]>::default(), RegisterFlags::default()).unwrap_err();
+    /// assert!(empty.is_empty() && e.to_string().contains("empty"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`HostRegistration::new_in`].
+    pub fn try_new_in(
+        ctx: &Arc<RegistrationContext>,
+        mem: M,
+        flags: RegisterFlags,
+    ) -> std::result::Result<Self, (Error, M)> {
+        let (ptr, len) = (mem.as_ptr(), mem.len());
+        if len == 0 {
+            return Err((Error::invalid("HostRegistration::new_in", "cannot register an empty range"), mem));
+        }
+        let flags = RegisterFlags { portable: true, ..flags };
+        let p = ptr.cast_mut().cast::<c_void>();
+        // SAFETY: `HostMemory` guarantees the range is mapped while `mem`
+        // lives; we keep `mem` until after unregistering (or leak both).
+        let registered = ctx.with_current(|| unsafe { raw::mem_host_register(p, len, flags.bits()) });
+        match registered {
+            Err(e) | Ok((Err(e), _)) => Err((e, mem)), // not pushed, or not registered
+            Ok((Ok(()), Ok(()))) => Ok(HostRegistration {
+                mem: std::mem::ManuallyDrop::new(mem),
+                ptr,
+                len,
+                flags,
+                device: None,
+                context: Some(Arc::clone(ctx)),
+                fence: Fence::default(),
+            }),
+            Ok((Ok(()), Err(popped))) => {
+                // Registered, but the context may still be current on this
+                // thread. Undo the registration (no copy can have used it: no
+                // registration was handed out) and report. Should the undo fail
+                // too, the range stays registered in `ctx` until it is
+                // destroyed; no copy reads it, so handing `mem` back is sound.
+                // SAFETY: registered just above in `ctx`, never used.
+                let _ = ctx.with_current(|| unsafe { raw::mem_host_unregister(p) });
+                Err((popped, mem))
+            }
+        }
     }
 
     /// Length in bytes.
@@ -758,9 +868,23 @@ impl<M: HostMemory> HostRegistration<M> {
         self.len == 0
     }
 
-    /// The flags it was registered with.
+    /// The flags it was registered with (always `portable` in a registration context).
     pub fn flags(&self) -> RegisterFlags {
         self.flags
+    }
+
+    /// The registration context it was made in, or `None` for the primary context.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{HostRegistration, RegisterFlags};
+    /// let reg = HostRegistration::new(vec![0u8; 64].into_boxed_slice(), RegisterFlags::default())?;
+    /// assert!(reg.context().is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn context(&self) -> Option<&Arc<RegistrationContext>> {
+        self.context.as_ref()
     }
 
     /// The memory it owns (reading it from the host is always fine: the device
@@ -805,12 +929,30 @@ impl<M: HostMemory> HostRegistration<M> {
         // SAFETY: released: `mem` is taken out once and `self` is forgotten
         // so Drop does not touch it again.
         let mem = unsafe { std::mem::ManuallyDrop::take(&mut self.mem) };
+        let context = self.context.take(); // unregistered: the context may go
         std::mem::forget(self);
+        drop(context);
         Ok(mem)
     }
 
+    /// Waits for every copy that reads the memory, then unregisters it. Every
+    /// way the registration ends comes here first (`into_inner`, `Drop`, which
+    /// retries once after an error), and only `Ok` frees the memory.
     fn release(&mut self) -> Result<()> {
         self.fence.wait_all()?;
+        if let Some(ctx) = &self.context {
+            let p = self.ptr.cast_mut().cast::<c_void>();
+            // SAFETY: `ptr` starts our registration in `ctx`. In a registration
+            // context the driver does not wait for copies, so this is the only
+            // wait, and it covers every copy that reads the memory: each copy
+            // records itself in the fence when it is enqueued, before its
+            // `Pending` exists (so a forgotten `Pending` is covered too), a
+            // failed enqueue enqueued nothing, and no copy can start meanwhile
+            // (`&mut self`; copies borrow the registration). `wait_all` has just
+            // returned `Ok`: all of them have completed.
+            let (unregistered, popped) = ctx.with_current(|| unsafe { raw::mem_host_unregister(p) })?;
+            return unregistered.and(popped);
+        }
         // Unregister even if the device cannot be made current (after a sticky
         // error, say): the call may still work. Only its outcome decides
         // whether the memory is free; if it failed, the first error is reported.
@@ -828,6 +970,10 @@ impl<M: HostMemory> Drop for HostRegistration<M> {
         if self.release().is_ok() {
             // SAFETY: dropped once, here, after unregistering.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.mem) };
+        } else if let Some(ctx) = self.context.take() {
+            // The registration context is leaked with the memory: destroying
+            // it would unregister the range under a copy that may still read it.
+            std::mem::forget(ctx);
         }
         // Otherwise the memory is leaked: a copy might still read it.
     }

@@ -1,13 +1,17 @@
-//! The result layer: each CUDA runtime call this crate makes, wrapped to return
-//! [`Result`]. This module, `memory.rs` and `sync.rs` (a spin lock) hold the crate's `unsafe` code; the
-//! rest is written against these functions.
+//! The result layer: each CUDA runtime call this crate makes, and the few
+//! driver calls of a registration context, wrapped to return [`Result`]. This
+//! module, `memory.rs` and `sync.rs` (a spin lock) hold the crate's `unsafe`
+//! code; the rest is written against these functions.
 //!
 //! Functions whose arguments are plain values are safe. Functions taking host
 //! or device addresses are `unsafe`: the caller vouches for the memory.
 
 use crate::error::{Error, Result};
 use std::ffi::{c_int, c_uint, c_void};
-use wirespeed_cuda_sys::{Api, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaStream_t};
+use wirespeed_cuda_sys::driver::{CUcontext, CUdevice, CUresult};
+use wirespeed_cuda_sys::{
+    Api, DriverApi, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaStream_t,
+};
 
 /// Where an asynchronous call goes: a stream, with the function table its
 /// owner fetched once (the per-copy path then skips [`api`]).
@@ -337,4 +341,89 @@ pub(crate) fn clear_last_error() {
         // SAFETY: no arguments.
         unsafe { (api.cudaGetLastError)() };
     }
+}
+
+// ---------------------------------------------------------------- the driver API
+
+/// The driver's function table (see [`wirespeed_cuda_sys::driver`]).
+pub(crate) fn driver() -> Result<&'static DriverApi> {
+    Ok(wirespeed_cuda_sys::driver()?.api())
+}
+
+#[inline]
+fn check_driver(call: &'static str, code: CUresult) -> Result<()> {
+    if code == CUresult::CUDA_SUCCESS { Ok(()) } else { Err(Error::driver(call, code)) }
+}
+
+/// `cuInit(0)`: idempotent, needed before any other driver call.
+pub(crate) fn driver_init() -> Result<()> {
+    let d = driver()?;
+    // SAFETY: plain value argument (flags must be 0).
+    check_driver("cuInit", unsafe { (d.cuInit)(0) })
+}
+
+pub(crate) fn driver_device(ordinal: i32) -> Result<CUdevice> {
+    let d = driver()?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: `dev` is a valid place for the handle; the driver checks the ordinal.
+    check_driver("cuDeviceGet", unsafe { (d.cuDeviceGet)(&mut dev, ordinal) })?;
+    Ok(dev)
+}
+
+/// Creates a context on `dev`; the driver pushes it on the calling thread's
+/// stack (it is current when this returns).
+pub(crate) fn ctx_create(dev: CUdevice) -> Result<CUcontext> {
+    let d = driver()?;
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: `c` is a valid place for the handle; flags 0 (CU_CTX_SCHED_AUTO).
+    check_driver("cuCtxCreate", unsafe { (d.cuCtxCreate_v2)(&mut c, 0, dev) })?;
+    Ok(c)
+}
+
+/// # Safety
+/// `c` is a live context that nothing uses any more, on any thread.
+pub(crate) unsafe fn ctx_destroy(c: CUcontext) -> Result<()> {
+    let d = driver()?;
+    // SAFETY: the caller's contract.
+    check_driver("cuCtxDestroy", unsafe { (d.cuCtxDestroy_v2)(c) })
+}
+
+/// # Safety
+/// `c` is a live context, and stays live until it is popped again.
+pub(crate) unsafe fn ctx_push(c: CUcontext) -> Result<()> {
+    let d = driver()?;
+    // SAFETY: the caller's contract.
+    check_driver("cuCtxPushCurrent", unsafe { (d.cuCtxPushCurrent_v2)(c) })
+}
+
+/// Pops the calling thread's current context and returns it.
+pub(crate) fn ctx_pop() -> Result<CUcontext> {
+    let d = driver()?;
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: `c` is a valid place for the handle.
+    check_driver("cuCtxPopCurrent", unsafe { (d.cuCtxPopCurrent_v2)(&mut c) })?;
+    Ok(c)
+}
+
+/// Registers in the calling thread's current context.
+///
+/// # Safety
+/// As [`host_register`].
+pub(crate) unsafe fn mem_host_register(p: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
+    let d = driver()?;
+    // SAFETY: the caller's contract.
+    check_driver("cuMemHostRegister", unsafe { (d.cuMemHostRegister_v2)(p, bytes, flags as c_uint) })
+}
+
+/// Unregisters in the calling thread's current context. Unlike
+/// `cudaHostUnregister` in the primary context, the driver does not wait for
+/// copies here (measured on an H200 in a second context).
+///
+/// # Safety
+/// `p` starts a registration of the current context that no queued or running
+/// operation uses: every copy that reads it has completed.
+pub(crate) unsafe fn mem_host_unregister(p: *mut c_void) -> Result<()> {
+    let d = driver()?;
+    // SAFETY: the caller's contract.
+    check_driver("cuMemHostUnregister", unsafe { (d.cuMemHostUnregister)(p) })
 }

@@ -2,19 +2,23 @@
  *
  * Built as libcudart_emu.so by cuda-sys/build.rs (feature `emulator`) and loaded
  * by path with dlopen. It exports the runtime functions that cuda-sys binds
- * (src/generated/api.rs, SYMBOLS) with the real C ABI and error codes, plus the
- * control API of cudart_emu.h. No CUDA header is used: the few types and every
- * numeric value below are taken from src/generated/cuda13.rs.
+ * (src/generated/api.rs, SYMBOLS) with the real C ABI and error codes, the
+ * driver functions it binds (src/generated/driver_api.rs, DRIVER_SYMBOLS, also
+ * handed out by cudaGetDriverEntryPointByVersion), plus the control API of
+ * cudart_emu.h. No CUDA header is used: the few types and every numeric value
+ * below are taken from src/generated/cuda13.rs and driver.rs.
  *
  * Layout of this file:
  *   1. types and constants        6. streams, operations and workers
  *   2. configuration and state    7. events
  *   3. errors and last error      8. memory tables and copies
  *   4. call counting and faults   9. the exported runtime functions
- *   5. small helpers             10. the control API and the constructor
+ *   5. small helpers             10. the driver API: contexts, registrations
+ *                                11. the control API and the constructor
  *
  * Concurrency: one global mutex (g_lock) guards every table and every stream,
- * event and operation field. Each stream has a worker thread and two condition
+ * event, context and operation field. The driver's context stack is per thread
+ * (thread-local, as in the driver). Each stream has a worker thread and two condition
  * variables (work queued / work done) used with g_lock. The lock is never held
  * while a worker sleeps for the delay, copies for an operation or runs a host
  * function. Counters read outside the lock are atomics.
@@ -118,6 +122,63 @@ enum { /* cudaDeviceAttr values */
 enum { PROP_TOTAL_GLOBAL_MEM_OFFSET = 288, PROP_NAME_LEN = 256 }; /* both layouts */
 enum { PAGE = 4096 };
 
+/* The driver API (values from driver.rs). CUresult codes are their own enum;
+ * the ones this file returns are named below, the rest only listed for names. */
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct emu_ctx *CUcontext;
+#define DRV_ERRORS(X) \
+    X(INVALID_VALUE, 1) X(OUT_OF_MEMORY, 2) X(NOT_INITIALIZED, 3) X(DEINITIALIZED, 4) \
+    X(PROFILER_DISABLED, 5) X(PROFILER_NOT_INITIALIZED, 6) X(PROFILER_ALREADY_STARTED, 7) \
+    X(PROFILER_ALREADY_STOPPED, 8) X(STUB_LIBRARY, 34) X(CALL_REQUIRES_NEWER_DRIVER, 36) \
+    X(DEVICE_UNAVAILABLE, 46) X(NO_DEVICE, 100) X(INVALID_DEVICE, 101) X(DEVICE_NOT_LICENSED, 102) \
+    X(INVALID_IMAGE, 200) X(INVALID_CONTEXT, 201) X(CONTEXT_ALREADY_CURRENT, 202) \
+    X(MAP_FAILED, 205) X(UNMAP_FAILED, 206) X(ARRAY_IS_MAPPED, 207) X(ALREADY_MAPPED, 208) \
+    X(NO_BINARY_FOR_GPU, 209) X(ALREADY_ACQUIRED, 210) X(NOT_MAPPED, 211) \
+    X(NOT_MAPPED_AS_ARRAY, 212) X(NOT_MAPPED_AS_POINTER, 213) X(ECC_UNCORRECTABLE, 214) \
+    X(UNSUPPORTED_LIMIT, 215) X(CONTEXT_ALREADY_IN_USE, 216) X(PEER_ACCESS_UNSUPPORTED, 217) \
+    X(INVALID_PTX, 218) X(INVALID_GRAPHICS_CONTEXT, 219) X(NVLINK_UNCORRECTABLE, 220) \
+    X(JIT_COMPILER_NOT_FOUND, 221) X(UNSUPPORTED_PTX_VERSION, 222) X(JIT_COMPILATION_DISABLED, 223) \
+    X(UNSUPPORTED_EXEC_AFFINITY, 224) X(UNSUPPORTED_DEVSIDE_SYNC, 225) X(CONTAINED, 226) \
+    X(INVALID_SOURCE, 300) X(FILE_NOT_FOUND, 301) X(SHARED_OBJECT_SYMBOL_NOT_FOUND, 302) \
+    X(SHARED_OBJECT_INIT_FAILED, 303) X(OPERATING_SYSTEM, 304) X(INVALID_HANDLE, 400) \
+    X(ILLEGAL_STATE, 401) X(LOSSY_QUERY, 402) X(NOT_FOUND, 500) X(NOT_READY, 600) \
+    X(ILLEGAL_ADDRESS, 700) X(LAUNCH_OUT_OF_RESOURCES, 701) X(LAUNCH_TIMEOUT, 702) \
+    X(LAUNCH_INCOMPATIBLE_TEXTURING, 703) X(PEER_ACCESS_ALREADY_ENABLED, 704) \
+    X(PEER_ACCESS_NOT_ENABLED, 705) X(PRIMARY_CONTEXT_ACTIVE, 708) X(CONTEXT_IS_DESTROYED, 709) \
+    X(ASSERT, 710) X(TOO_MANY_PEERS, 711) X(HOST_MEMORY_ALREADY_REGISTERED, 712) \
+    X(HOST_MEMORY_NOT_REGISTERED, 713) X(HARDWARE_STACK_ERROR, 714) X(ILLEGAL_INSTRUCTION, 715) \
+    X(MISALIGNED_ADDRESS, 716) X(INVALID_ADDRESS_SPACE, 717) X(INVALID_PC, 718) \
+    X(LAUNCH_FAILED, 719) X(COOPERATIVE_LAUNCH_TOO_LARGE, 720) X(TENSOR_MEMORY_LEAK, 721) \
+    X(NOT_PERMITTED, 800) X(NOT_SUPPORTED, 801) X(SYSTEM_NOT_READY, 802) \
+    X(SYSTEM_DRIVER_MISMATCH, 803) X(COMPAT_NOT_SUPPORTED_ON_DEVICE, 804) \
+    X(MPS_CONNECTION_FAILED, 805) X(MPS_RPC_FAILURE, 806) X(MPS_SERVER_NOT_READY, 807) \
+    X(MPS_MAX_CLIENTS_REACHED, 808) X(MPS_MAX_CONNECTIONS_REACHED, 809) \
+    X(MPS_CLIENT_TERMINATED, 810) X(CDP_NOT_SUPPORTED, 811) X(CDP_VERSION_MISMATCH, 812) \
+    X(STREAM_CAPTURE_UNSUPPORTED, 900) X(STREAM_CAPTURE_INVALIDATED, 901) \
+    X(STREAM_CAPTURE_MERGE, 902) X(STREAM_CAPTURE_UNMATCHED, 903) X(STREAM_CAPTURE_UNJOINED, 904) \
+    X(STREAM_CAPTURE_ISOLATION, 905) X(STREAM_CAPTURE_IMPLICIT, 906) X(CAPTURED_EVENT, 907) \
+    X(STREAM_CAPTURE_WRONG_THREAD, 908) X(TIMEOUT, 909) X(GRAPH_EXEC_UPDATE_FAILURE, 910) \
+    X(EXTERNAL_DEVICE, 911) X(INVALID_CLUSTER_SIZE, 912) X(FUNCTION_NOT_LOADED, 913) \
+    X(INVALID_RESOURCE_TYPE, 914) X(INVALID_RESOURCE_CONFIGURATION, 915) X(KEY_ROTATION, 916) \
+    X(UNKNOWN, 999)
+
+enum {
+    CUDA_SUCCESS = 0,
+#define X(n, v) CUDA_ERROR_##n = v,
+    DRV_ERRORS(X)
+#undef X
+};
+enum {
+    CU_MEMHOSTREGISTER_FLAGS = 1 | 2 | 4 | 8, /* PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY */
+    CU_MEMHOSTREGISTER_PORTABLE = 1,
+    CU_CTX_FLAGS_MASK = 0xff,
+    CTX_STACK_MAX = 64,                       /* contexts pushed on one thread at most */
+};
+/* cudaDriverEntryPointQueryResult and cudaGetDriverEntryPointFlags */
+enum { ENTRY_SUCCESS = 0, ENTRY_SYMBOL_NOT_FOUND = 1, ENTRY_VERSION_NOT_SUFFICIENT = 2, ENTRY_FLAGS_MAX = 2 };
+enum { DRIVER_VERSION = 13000 };               /* what cudaDriverGetVersion reports */
+
 /* ======================================================================== */
 /* 2. Configuration and global state                                        */
 /* ======================================================================== */
@@ -145,6 +206,27 @@ static __thread int tl_device;                /* current device of this host thr
 
 /* Live-resource counters (under g_lock). */
 static cudaEmuCounters g_counters;
+
+/* The driver's view. A created context (cuCtxCreate) is an emu_ctx in g_ctxs;
+ * each device's primary context is static. Each thread has a stack of current
+ * contexts; an entry keeps the context's id, so that an entry of a destroyed
+ * context is recognized even if its address is reused. */
+typedef struct emu_ctx ctx_t;
+struct emu_ctx {
+    ctx_t *next_all;
+    uint64_t id;     /* unique; 0 for a primary context */
+    int device;
+    int primary;
+    unsigned flags;
+};
+typedef struct { ctx_t *p; uint64_t id; int primary; } ctx_ref;
+static ctx_t g_primary_ctx[MAX_DEVICES];      /* set up by the constructor */
+static ctx_t *g_ctxs;                         /* live created contexts (under g_lock) */
+static uint64_t g_next_ctx_id = 1;            /* under g_lock */
+static _Atomic int g_drv_init;                /* cuInit, or the runtime, initialized the driver */
+static _Atomic int g_ctx_create_error;        /* cudaEmuSetContextCreateError */
+static __thread ctx_ref tl_ctx[CTX_STACK_MAX];
+static __thread int tl_nctx;
 
 /* ======================================================================== */
 /* 3. Errors, names and the per-thread last error                           */
@@ -247,7 +329,10 @@ static int ret(int e) { return e == cudaErrorNotReady ? e : set_err(e); }
     X(cudaStreamDestroy) X(cudaStreamSynchronize) X(cudaStreamQuery) X(cudaStreamWaitEvent)       \
     X(cudaLaunchHostFunc) X(cudaEventCreate) X(cudaEventCreateWithFlags) X(cudaEventRecord)       \
     X(cudaEventQuery) X(cudaEventSynchronize) X(cudaEventElapsedTime) X(cudaEventElapsedTime_v2)  \
-    X(cudaEventDestroy)
+    X(cudaEventDestroy) X(cudaGetDriverEntryPoint) X(cudaGetDriverEntryPointByVersion)            \
+    X(cuGetErrorName) X(cuGetErrorString) X(cuInit) X(cuDeviceGet) X(cuCtxCreate_v2)              \
+    X(cuCtxDestroy_v2) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetCurrent)            \
+    X(cuCtxSetCurrent) X(cuMemHostRegister_v2) X(cuMemHostUnregister)
 
 enum {
 #define X(n) F_##n,
@@ -322,26 +407,61 @@ static int add_fault(int fn, unsigned nth, int error, int sticky) {
     return rc;
 }
 
+/* A context made with cuCtxCreate is current on this thread: the real runtime
+ * would run the call in that context, not in the device's primary context.
+ * The emulator refuses the call instead, loudly. */
+static int foreign_context(const char *fn) {
+    if (tl_nctx == 0 || tl_ctx[tl_nctx - 1].primary) return 0;
+    fprintf(stderr, "cudart_emu: %s called while a context made with cuCtxCreate is current on this thread "
+                    "(the runtime would use it, not the primary context): pop it first\n", fn);
+    return cudaErrorIncompatibleDriverContext;
+}
+
 /* Prologue of every runtime function: counts the call, returns an injected fault,
- * then the sticky error. ENTER_RELEASE leaves the sticky error in `st` so that
- * destroy and free calls can still release their bookkeeping. ENTER_NO_STICKY
- * is for the version queries, which work after a lost context. */
+ * then the sticky error, then refuses a call made while a created context is
+ * current (see foreign_context). ENTER_RELEASE leaves the sticky error in `st`
+ * so that destroy and free calls can still release their bookkeeping.
+ * ENTER_NO_STICKY is for the version queries, which work after a lost context;
+ * ENTER_ANY_CONTEXT for the last-error queries, which belong to the thread. */
 #define ENTER(name)                                                   \
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return set_err(e_);           \
         if ((e_ = atomic_load(&g_sticky)) != 0) return set_err(e_);   \
+        if ((e_ = foreign_context(#name)) != 0) return set_err(e_);   \
     } while (0)
 #define ENTER_RELEASE(name, st)                                       \
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return set_err(e_);           \
+        if ((e_ = foreign_context(#name)) != 0) return set_err(e_);   \
         (st) = atomic_load(&g_sticky);                                \
     } while (0)
 #define ENTER_NO_STICKY(name)                                         \
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return set_err(e_);           \
+    } while (0)
+#define ENTER_ANY_CONTEXT(name)                                       \
+    do {                                                              \
+        int e_;                                                       \
+        if (fault_fires(F_##name, &e_)) return set_err(e_);           \
+        if ((e_ = atomic_load(&g_sticky)) != 0) return set_err(e_);   \
+    } while (0)
+/* The same for driver functions: no last error (the driver API has none); a
+ * sticky code is returned as is (the sticky codes, 700-719, are the same
+ * numbers in both enums). DENTER_RELEASE leaves it in `st`. */
+#define DENTER(name)                                                  \
+    do {                                                              \
+        int e_;                                                       \
+        if (fault_fires(F_##name, &e_)) return e_;                    \
+        if ((e_ = atomic_load(&g_sticky)) != 0) return e_;            \
+    } while (0)
+#define DENTER_RELEASE(name, st)                                      \
+    do {                                                              \
+        int e_;                                                       \
+        if (fault_fires(F_##name, &e_)) return e_;                    \
+        (st) = atomic_load(&g_sticky);                                \
     } while (0)
 
 /* ======================================================================== */
@@ -417,6 +537,7 @@ struct emu_stream {
     uint64_t enq_seq;          /* sequence number of the last enqueued operation */
     uint64_t done_seq;         /* ... of the last completed one (FIFO: monotonic) */
     op_t *head, *tail;
+    op_t *running;             /* the operation the worker runs now (off the queue), or NULL */
     pthread_cond_t work_cv;    /* signalled when work is queued or on destroy */
     pthread_cond_t done_cv;    /* broadcast after each completed operation */
 };
@@ -477,6 +598,7 @@ static void *worker_main(void *arg) {
         if (!o) break; /* destroyed and drained */
         s->head = o->next;
         if (!s->head) s->tail = NULL;
+        s->running = o;
         for (int i = 0; i < o->ndeps; i++)
             while (o->deps[i].s->done_seq < o->deps[i].seq)
                 pthread_cond_wait(&o->deps[i].s->done_cv, &g_lock);
@@ -493,6 +615,7 @@ static void *worker_main(void *arg) {
         if (o->kind == OP_COPY) g_counters.bytes_copied += o->n;
         g_counters.ops_executed++;
         s->done_seq = o->seq;
+        s->running = NULL;
         pthread_cond_broadcast(&s->done_cv);
         for (int i = 0; i < o->ndeps; i++) stream_unref_locked(o->deps[i].s);
         if (o->ev) event_unref_locked(o->ev);
@@ -545,9 +668,12 @@ static stream *legacy_locked(int device) {
     return g_dev[device].legacy;
 }
 
-/* The device of this thread, or an error when there is none. */
+/* The device of this thread, or an error when there is none. Like the real
+ * runtime, whose first call initializes the driver (cuInit), this makes the
+ * driver API usable. */
 static int current_device(int *d) {
     if (g_ndev == 0) return cudaErrorNoDevice;
+    if (!atomic_load_explicit(&g_drv_init, memory_order_relaxed)) atomic_store(&g_drv_init, 1);
     *d = tl_device;
     return cudaSuccess;
 }
@@ -659,7 +785,9 @@ static int event_done(const event *ev) { return ev->done_gen >= ev->gen; }
 typedef struct { uintptr_t start; size_t size, maplen; int device; } devalloc_t;
 typedef struct { uintptr_t start; size_t maplen; } freed_t;
 typedef struct { uintptr_t start; size_t size, maplen; unsigned flags; int device; } hostblock_t;
-typedef struct { uintptr_t orig, start; size_t len; unsigned flags; int device; } hostreg_t;
+/* A registration: by the runtime or the driver in a primary context (ctx NULL),
+ * or by the driver in a created context (ctx, with its id). */
+typedef struct { uintptr_t orig, start; size_t len; unsigned flags; int device; ctx_t *ctx; uint64_t ctx_id; } hostreg_t;
 
 static VEC(devalloc_t) g_devallocs;   /* live cudaMalloc allocations */
 static VEC(freed_t) g_freed;          /* freed ones, still reserved (PROT_NONE), oldest first */
@@ -703,10 +831,15 @@ static hostblock_t *hostblock_find(uintptr_t p, size_t n) {
     }
     return NULL;
 }
+/* Whether the runtime (the primary contexts) sees a registration as pinned:
+ * one made in a created context only with CU_MEMHOSTREGISTER_PORTABLE. */
+static int runtime_sees(const hostreg_t *r) { return !r->ctx || (r->flags & CU_MEMHOSTREGISTER_PORTABLE); }
+
+/* Registration the runtime sees containing [p, p+n), or NULL. */
 static hostreg_t *hostreg_find(uintptr_t p, size_t n) {
     for (size_t i = 0; i < g_hostregs.n; i++) {
         hostreg_t *r = &g_hostregs.v[i];
-        if (p >= r->start && p - r->start < r->len && n <= r->len - (p - r->start)) return r;
+        if (runtime_sees(r) && p >= r->start && p - r->start < r->len && n <= r->len - (p - r->start)) return r;
     }
     return NULL;
 }
@@ -877,14 +1010,14 @@ EXPORT const char *cudaGetErrorString(cudaError_t error) {
 }
 
 EXPORT cudaError_t cudaGetLastError(void) {
-    ENTER(cudaGetLastError);
+    ENTER_ANY_CONTEXT(cudaGetLastError);
     int e = last_error();
     clear_last_error();
     return e;
 }
 
 EXPORT cudaError_t cudaPeekAtLastError(void) {
-    ENTER(cudaPeekAtLastError);
+    ENTER_ANY_CONTEXT(cudaPeekAtLastError);
     return last_error();
 }
 
@@ -898,7 +1031,7 @@ EXPORT cudaError_t cudaRuntimeGetVersion(int *v) {
 EXPORT cudaError_t cudaDriverGetVersion(int *v) {
     ENTER_NO_STICKY(cudaDriverGetVersion);
     if (!v) return set_err(cudaErrorInvalidValue);
-    *v = 13000;
+    *v = DRIVER_VERSION;
     return cudaSuccess;
 }
 
@@ -908,13 +1041,16 @@ EXPORT cudaError_t cudaGetDeviceCount(int *count) {
     ENTER(cudaGetDeviceCount);
     if (!count) return set_err(cudaErrorInvalidValue);
     *count = g_ndev;
-    return g_ndev == 0 ? set_err(cudaErrorNoDevice) : cudaSuccess;
+    if (g_ndev == 0) return set_err(cudaErrorNoDevice);
+    atomic_store(&g_drv_init, 1); /* as current_device */
+    return cudaSuccess;
 }
 
 EXPORT cudaError_t cudaSetDevice(int device) {
     ENTER(cudaSetDevice);
     if (g_ndev == 0) return set_err(cudaErrorNoDevice);
     if (device < 0 || device >= g_ndev) return set_err(cudaErrorInvalidDevice);
+    atomic_store(&g_drv_init, 1); /* as current_device */
     tl_device = device;
     return cudaSuccess;
 }
@@ -1105,28 +1241,37 @@ EXPORT cudaError_t cudaFreeHost(void *ptr) {
     return set_err(st);
 }
 
-EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags) {
-    ENTER(cudaHostRegister);
-    int d, e = current_device(&d);
-    if (e) return set_err(e);
-    if (!ptr || size == 0 || (flags & ~(unsigned)HOST_REGISTER_FLAGS)) return set_err(cudaErrorInvalidValue);
+/* Registers [ptr, ptr+size) for device `d`, in created context `ctx` with id
+ * `ctx_id` (NULL: a primary context), with the rules of cudaHostRegister.
+ * Returns a cudaError code; the driver returns it as a CUresult (1, 2 and 712
+ * are the same there). */
+static int register_range(void *ptr, size_t size, unsigned flags, int d, ctx_t *ctx, uint64_t ctx_id) {
+    if (!ptr || size == 0 || (flags & ~(unsigned)HOST_REGISTER_FLAGS)) return cudaErrorInvalidValue;
     uintptr_t p = (uintptr_t)ptr, rs = p & ~(uintptr_t)(PAGE - 1);
-    if (p + size < p || p + size + PAGE < p + size) return set_err(cudaErrorInvalidValue);
+    if (p + size < p || p + size + PAGE < p + size) return cudaErrorInvalidValue;
     uintptr_t re = (p + size + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
     pthread_mutex_lock(&g_lock);
-    e = register_conflict_locked(rs, re - rs);
+    int e = register_conflict_locked(rs, re - rs);
     pthread_mutex_unlock(&g_lock);
     if (!e) e = check_maps(rs, re, (flags & HOST_REGISTER_READONLY) != 0);
-    if (e) return set_err(e);
+    if (e) return e;
     pthread_mutex_lock(&g_lock);
     e = register_conflict_locked(rs, re - rs); /* again: another thread may have won */
-    if (!e && !VEC_PUSH(g_hostregs, ((hostreg_t){p, rs, re - rs, flags, d}))) e = cudaErrorMemoryAllocation;
+    hostreg_t r = {p, rs, re - rs, flags, d, ctx, ctx_id};
+    if (!e && !VEC_PUSH(g_hostregs, r)) e = cudaErrorMemoryAllocation;
     if (!e) {
         g_counters.registrations++;
         g_counters.registered_bytes += re - rs;
     }
     pthread_mutex_unlock(&g_lock);
-    return set_err(e);
+    return e;
+}
+
+EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags) {
+    ENTER(cudaHostRegister);
+    int d, e = current_device(&d);
+    if (e) return set_err(e);
+    return set_err(register_range(ptr, size, flags, d, NULL, 0));
 }
 
 EXPORT cudaError_t cudaHostUnregister(void *ptr) {
@@ -1135,7 +1280,7 @@ EXPORT cudaError_t cudaHostUnregister(void *ptr) {
     int e = cudaErrorHostMemoryNotRegistered;
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; ptr && i < g_hostregs.n; i++)
-        if (g_hostregs.v[i].orig == (uintptr_t)ptr) {
+        if (g_hostregs.v[i].orig == (uintptr_t)ptr && !g_hostregs.v[i].ctx) { /* the primary context's */
             g_counters.registrations--;
             g_counters.registered_bytes -= g_hostregs.v[i].len;
             VEC_REMOVE(g_hostregs, i);
@@ -1456,7 +1601,330 @@ EXPORT cudaError_t cudaEventDestroy(cudaEvent_t event_h) {
 }
 
 /* ======================================================================== */
-/* 10. The control API (cudart_emu.h) and the constructor                   */
+/* 10. The driver API: contexts and host registration                       */
+/* ======================================================================== */
+
+static const struct { int code; const char *name; } k_drv_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS"},
+#define X(n, v) {v, "CUDA_ERROR_" #n},
+    DRV_ERRORS(X)
+#undef X
+};
+#define NDRV_ERRORS (sizeof k_drv_errors / sizeof k_drv_errors[0])
+
+/* Descriptions as the driver words them, for the codes met here. */
+static const struct { int code; const char *text; } k_drv_texts[] = {
+    {CUDA_SUCCESS, "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
+    {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable"},
+    {CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
+    {CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region"},
+    {CUDA_ERROR_NOT_PERMITTED, "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "unknown error"},
+};
+
+EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
+    atomic_fetch_add(&g_calls[F_cuGetErrorName], 1);
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < NDRV_ERRORS; i++)
+        if (k_drv_errors[i].code == error) {
+            *str = k_drv_errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    *str = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult error, const char **str) {
+    atomic_fetch_add(&g_calls[F_cuGetErrorString], 1);
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof k_drv_texts / sizeof k_drv_texts[0]; i++)
+        if (k_drv_texts[i].code == error) {
+            *str = k_drv_texts[i].text;
+            return CUDA_SUCCESS;
+        }
+    for (size_t i = 0; i < NDRV_ERRORS; i++) /* the others: the name is the description */
+        if (k_drv_errors[i].code == error) {
+            *str = k_drv_errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    *str = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuInit(unsigned flags) {
+    DENTER(cuInit);
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (g_ndev == 0) return CUDA_ERROR_NO_DEVICE;
+    atomic_store(&g_drv_init, 1);
+    return CUDA_SUCCESS;
+}
+
+#define NEED_INIT() \
+    do { if (!atomic_load(&g_drv_init)) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    DENTER(cuDeviceGet);
+    NEED_INIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+static int is_primary(const ctx_t *c) { return c >= g_primary_ctx && c < g_primary_ctx + MAX_DEVICES; }
+
+/* A live context with this handle (a created one or a primary one), or NULL. g_lock held. */
+static ctx_t *find_ctx_locked(CUcontext h) {
+    if (!h) return NULL;
+    if (is_primary(h)) return h->device < g_ndev ? h : NULL;
+    for (ctx_t *c = g_ctxs; c; c = c->next_all)
+        if (c == h) return c;
+    return NULL;
+}
+
+/* The calling thread's current context: the top of its stack, else (as after
+ * the runtime set the thread up) the primary context of its current device.
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED when the top was destroyed. g_lock held. */
+static int current_ctx_locked(ctx_t **out) {
+    if (tl_nctx == 0) {
+        if (g_ndev == 0) return CUDA_ERROR_NO_DEVICE;
+        *out = &g_primary_ctx[tl_device];
+        return CUDA_SUCCESS;
+    }
+    ctx_ref r = tl_ctx[tl_nctx - 1];
+    if (r.primary) { *out = r.p; return CUDA_SUCCESS; }
+    ctx_t *c = find_ctx_locked(r.p);
+    if (!c || c->id != r.id) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+static int push_ctx(ctx_t *c) {
+    if (tl_nctx == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+    tl_ctx[tl_nctx++] = (ctx_ref){c, c->id, c->primary};
+    return CUDA_SUCCESS;
+}
+
+/* True when a queued or running copy reads or writes host memory in
+ * [start, start+len) directly (not a staged copy of pageable memory). g_lock held. */
+static int copy_uses_locked(uintptr_t start, size_t len) {
+    for (stream *s = g_streams; s; s = s->next_all) {
+        for (op_t *o = s->running ? s->running : s->head; o; o = o == s->running ? s->head : o->next) {
+            if (o->kind != OP_COPY || !o->n) continue;
+            if (overlaps((uintptr_t)o->dst, o->n, start, len)) return 1;
+            if (!o->staging && overlaps((uintptr_t)o->src, o->n, start, len)) return 1;
+        }
+    }
+    return 0;
+}
+
+/* Removes registration i; in a created context the driver does not wait for
+ * the copies that use it, so one still queued or running is a violation of the
+ * caller's duty: counted, reported, and (unless `force`) refused. g_lock held.
+ * Returns CUDA_SUCCESS or CUDA_ERROR_ILLEGAL_STATE. */
+static int unregister_locked(size_t i, const char *fn, int force) {
+    hostreg_t r = g_hostregs.v[i];
+    if (r.ctx && copy_uses_locked(r.start, r.len)) {
+        g_counters.unregister_violations++;
+        fprintf(stderr,
+                "cudart_emu: %s(%p): a copy queued or running on a stream still uses this registered memory; "
+                "in a context made with cuCtxCreate the driver does not wait for it: wait for the copy's event first%s\n",
+                fn, (void *)r.orig, force ? " (unregistered anyway)" : " (refused)");
+        if (!force) return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    g_counters.registrations--;
+    g_counters.registered_bytes -= r.len;
+    VEC_REMOVE(g_hostregs, i);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev) {
+    DENTER(cuCtxCreate_v2);
+    NEED_INIT();
+    if (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK)) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    int forced = atomic_load(&g_ctx_create_error);
+    if (forced) return forced;
+    if (tl_nctx == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_t *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->device = dev;
+    c->flags = flags;
+    pthread_mutex_lock(&g_lock);
+    c->id = g_next_ctx_id++;
+    c->next_all = g_ctxs;
+    g_ctxs = c;
+    g_counters.contexts++;
+    pthread_mutex_unlock(&g_lock);
+    push_ctx(c); /* cuCtxCreate makes the new context current */
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext h) {
+    int st;
+    DENTER_RELEASE(cuCtxDestroy_v2, st);
+    NEED_INIT();
+    pthread_mutex_lock(&g_lock);
+    ctx_t *c = find_ctx_locked(h);
+    if (!c || c->primary) {
+        pthread_mutex_unlock(&g_lock);
+        return st ? st : CUDA_ERROR_INVALID_CONTEXT;
+    }
+    for (ctx_t **pp = &g_ctxs; *pp; pp = &(*pp)->next_all)
+        if (*pp == c) { *pp = c->next_all; break; }
+    for (size_t i = 0; i < g_hostregs.n;) /* its registrations go with it */
+        if (g_hostregs.v[i].ctx == c && g_hostregs.v[i].ctx_id == c->id) unregister_locked(i, "cuCtxDestroy_v2", 1);
+        else i++;
+    g_counters.contexts--;
+    pthread_mutex_unlock(&g_lock);
+    if (tl_nctx > 0 && tl_ctx[tl_nctx - 1].p == c && tl_ctx[tl_nctx - 1].id == c->id) tl_nctx--;
+    free(c);
+    return st;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext h) {
+    DENTER(cuCtxPushCurrent_v2);
+    NEED_INIT();
+    pthread_mutex_lock(&g_lock);
+    ctx_t *c = find_ctx_locked(h);
+    int e = c ? push_ctx(c) : CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_unlock(&g_lock);
+    return e;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    DENTER(cuCtxPopCurrent_v2);
+    NEED_INIT();
+    if (tl_nctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_ref r = tl_ctx[--tl_nctx];
+    if (pctx) *pctx = r.p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    DENTER(cuCtxGetCurrent);
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = tl_nctx ? tl_ctx[tl_nctx - 1].p : g_ndev ? &g_primary_ctx[tl_device] : NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext h) {
+    DENTER(cuCtxSetCurrent);
+    NEED_INIT();
+    if (!h) { /* unbinds the current one */
+        if (tl_nctx) tl_nctx--;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&g_lock);
+    ctx_t *c = find_ctx_locked(h);
+    int e = CUDA_ERROR_INVALID_CONTEXT;
+    if (c && tl_nctx) { /* replaces the top */
+        tl_ctx[tl_nctx - 1] = (ctx_ref){c, c->id, c->primary};
+        e = CUDA_SUCCESS;
+    } else if (c) {
+        e = push_ctx(c);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return e;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *ptr, size_t size, unsigned flags) {
+    DENTER(cuMemHostRegister_v2);
+    NEED_INIT();
+    if (flags & ~(unsigned)CU_MEMHOSTREGISTER_FLAGS) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    ctx_t *c = NULL;
+    int e = current_ctx_locked(&c);
+    int device = e ? 0 : c->device;
+    uint64_t id = e ? 0 : c->id;
+    ctx_t *owner = e || c->primary ? NULL : c;
+    pthread_mutex_unlock(&g_lock);
+    if (e) return e;
+    /* (Destroying the context meanwhile, on another thread, is the caller's race,
+     * as with the driver: the registration then outlives it, counted.) */
+    return register_range(ptr, size, flags, device, owner, id);
+}
+
+EXPORT CUresult cuMemHostUnregister(void *ptr) {
+    int st;
+    DENTER_RELEASE(cuMemHostUnregister, st);
+    NEED_INIT();
+    pthread_mutex_lock(&g_lock);
+    ctx_t *c = NULL;
+    int e = current_ctx_locked(&c);
+    ctx_t *want = !e && !c->primary ? c : NULL;
+    if (!e) e = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    for (size_t i = 0; ptr && e == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED && i < g_hostregs.n; i++) {
+        hostreg_t *r = &g_hostregs.v[i];
+        if (r->orig == (uintptr_t)ptr && r->ctx == want && (!want || r->ctx_id == want->id))
+            e = unregister_locked(i, "cuMemHostUnregister", 0);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return st ? st : e;
+}
+
+/* --- cudaGetDriverEntryPoint[ByVersion] --- */
+
+/* The driver functions by base name and the version from which each ABI is
+ * the one cuGetProcAddress returns; a NULL function is an ABI not emulated
+ * (asked for, it is reported as not found rather than given the wrong ABI). */
+static const struct { const char *name; unsigned version; void *fn; } k_entry_points[] = {
+    {"cuGetErrorName", 6000, (void *)cuGetErrorName},
+    {"cuGetErrorString", 6000, (void *)cuGetErrorString},
+    {"cuInit", 2000, (void *)cuInit},
+    {"cuDeviceGet", 2000, (void *)cuDeviceGet},
+    {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2},
+    {"cuCtxCreate", 11040, NULL}, /* cuCtxCreate_v3 (execution affinity) */
+    {"cuCtxCreate", 12050, NULL}, /* cuCtxCreate_v4 (CUctxCreateParams) */
+    {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2},
+    {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2},
+    {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2},
+    {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
+    {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent},
+    {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2},
+    {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
+};
+
+static int entry_point(const char *symbol, void **fn, unsigned version, unsigned long long flags, int *status) {
+    if (!symbol || !fn || flags > ENTRY_FLAGS_MAX || version > DRIVER_VERSION) return cudaErrorInvalidValue;
+    int found = 0, best = -1;
+    for (int i = 0; i < (int)(sizeof k_entry_points / sizeof k_entry_points[0]); i++)
+        if (strcmp(k_entry_points[i].name, symbol) == 0) {
+            found = 1;
+            if (k_entry_points[i].version <= version && (best < 0 || k_entry_points[i].version > k_entry_points[best].version))
+                best = i;
+        }
+    *fn = best >= 0 ? k_entry_points[best].fn : NULL;
+    if (status) *status = *fn ? ENTRY_SUCCESS : found && best < 0 ? ENTRY_VERSION_NOT_SUFFICIENT : ENTRY_SYMBOL_NOT_FOUND;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version,
+                                                    unsigned long long flags, int *status) {
+    ENTER(cudaGetDriverEntryPointByVersion);
+    return set_err(entry_point(symbol, fn, version, flags, status));
+}
+
+/* As the real one, at the runtime's own version (so "cuCtxCreate" is an ABI
+ * the emulator lacks: cuCtxCreate_v4). */
+EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long flags, int *status) {
+    ENTER(cudaGetDriverEntryPoint);
+    return set_err(entry_point(symbol, fn, (unsigned)g_version, flags, status));
+}
+
+/* ======================================================================== */
+/* 11. The control API (cudart_emu.h) and the constructor                   */
 /* ======================================================================== */
 
 EXPORT int cudaEmuGetCounters(cudaEmuCounters *out) {
@@ -1478,8 +1946,14 @@ EXPORT int cudaEmuInjectFault(const char *name, unsigned int nth, int error, int
     return add_fault(fn, nth, error, sticky);
 }
 
+EXPORT int cudaEmuSetContextCreateError(int error) {
+    atomic_store(&g_ctx_create_error, error);
+    return 0;
+}
+
 EXPORT int cudaEmuReset(void) {
     pthread_mutex_lock(&g_lock);
+    atomic_store(&g_ctx_create_error, 0);
     g_nfaults_len = 0;
     atomic_store(&g_nfaults, 0);
     atomic_store(&g_sticky, 0);
@@ -1530,6 +2004,7 @@ __attribute__((constructor)) static void emu_init(void) {
     g_ndev = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
     g_dev_mem = env_u64("CUDA_EMU_DEVICE_MEM", (unsigned long long)16 << 30);
     g_version = (int)env_u64("CUDA_EMU_VERSION", 13000);
+    for (int d = 0; d < MAX_DEVICES; d++) g_primary_ctx[d] = (ctx_t){NULL, 0, d, 1, 0};
     atomic_store(&g_delay_us, (unsigned)env_u64("CUDA_EMU_DELAY_US", 0));
     const char *faults = getenv("CUDA_EMU_FAULTS");
     if (faults && *faults) parse_faults(faults);

@@ -1,7 +1,9 @@
 /* cudart_emu: a host-only stand-in for the CUDA runtime (libcudart), for tests
  * and CI on machines without a GPU. It exports the runtime functions that
- * cuda-sys binds, with the same C ABI and error codes, plus the control
- * functions declared here (accounting, delays, fault injection).
+ * cuda-sys binds, with the same C ABI and error codes, the few driver API
+ * functions cuda-sys binds (contexts and host registration, also reachable
+ * through cudaGetDriverEntryPointByVersion), plus the control functions
+ * declared here (accounting, delays, fault injection).
  *
  * Environment variables read at load time:
  *   CUDA_EMU_DEVICES      number of devices (default 1; 0 makes cudaGetDeviceCount fail with cudaErrorNoDevice)
@@ -27,6 +29,10 @@ typedef struct cudaEmuCounters {
     uint64_t events;            /* live events */
     uint64_t ops_executed;      /* stream operations executed so far (monotonic) */
     uint64_t bytes_copied;      /* bytes moved by memcpy operations so far (monotonic) */
+    uint64_t contexts;          /* live contexts made with cuCtxCreate (not the primary ones) */
+    uint64_t unregister_violations; /* cuMemHostUnregister calls refused in a created context
+                                       because a queued or running copy still used the memory
+                                       (monotonic; also counts cuCtxDestroy dropping such a range) */
 } cudaEmuCounters;
 
 /* Fills *out. Returns 0. */
@@ -43,4 +49,8 @@ int cudaEmuInjectFault(const char *name, unsigned int nth, int error, int sticky
 int cudaEmuReset(void);
 /* Number of calls made so far to the function named `name` (monotonic; -1 if unknown). */
 long long cudaEmuCallCount(const char *name);
+/* Makes every cuCtxCreate_v2 from now on fail with the CUresult `error`, without
+ * creating anything (as exclusive-process compute mode or an MPS client would);
+ * 0 lets them succeed again. cudaEmuReset also clears it. Returns 0. */
+int cudaEmuSetContextCreateError(int error);
 #endif

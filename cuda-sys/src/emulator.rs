@@ -13,6 +13,14 @@
 //! twice), device memory is bounds checked, and every live resource is counted.
 //! Faults can be injected into the Nth call of any function.
 //!
+//! It also models the driver API slice of [`DriverApi`](crate::DriverApi), handed out by
+//! its `cudaGetDriverEntryPointByVersion`: contexts made with `cuCtxCreate`
+//! (a per-thread stack of current contexts), and `cuMemHostRegister` in them.
+//! In such a second context, as measured on an H200, unregistering does not
+//! wait for the copies that read the memory: the emulator refuses an
+//! unregistration while a queued or running copy still uses the range, prints
+//! a line and counts it ([`unregister_violations`]), so a test proves the rule.
+//!
 //! Where it differs from real CUDA: see `cuda-sys/emu/DIFFERENCES.md`.
 //!
 //! ```
@@ -100,16 +108,23 @@ pub struct Counters {
     pub ops_executed: u64,
     /// Bytes moved by copies so far.
     pub bytes_copied: u64,
+    /// Live contexts made with `cuCtxCreate` (not the primary ones).
+    pub contexts: u64,
+    /// `cuMemHostUnregister` calls in a created context refused so far because a
+    /// queued or running copy still used the memory (and ranges `cuCtxDestroy`
+    /// dropped under such a copy). Monotonic: never reset.
+    pub unregister_violations: u64,
 }
 
 impl Counters {
-    /// True when no allocation, registration, stream or event is live.
+    /// True when no allocation, registration, stream, event or created context is live.
     pub fn is_clean(&self) -> bool {
         self.device_allocs == 0
             && self.pinned_allocs == 0
             && self.registrations == 0
             && self.streams == 0
             && self.events == 0
+            && self.contexts == 0
     }
 }
 
@@ -121,6 +136,7 @@ pub struct Controls {
     inject_fault: unsafe extern "C" fn(*const c_char, c_uint, c_int, c_int) -> c_int,
     reset: unsafe extern "C" fn() -> c_int,
     call_count: unsafe extern "C" fn(*const c_char) -> i64,
+    set_context_create_error: unsafe extern "C" fn(c_int) -> c_int,
 }
 
 impl std::fmt::Debug for Controls {
@@ -162,6 +178,32 @@ impl Controls {
     pub fn reset(&self) {
         // SAFETY: no arguments.
         unsafe { (self.reset)() };
+    }
+
+    /// Makes every `cuCtxCreate` from now on fail with the driver error `code`
+    /// (a raw `CUresult`, e.g. 46, `CUDA_ERROR_DEVICE_UNAVAILABLE`, what
+    /// exclusive-process compute mode gives), creating nothing; `None` lets them
+    /// succeed again, as does [`Controls::reset`].
+    ///
+    /// ```
+    /// let ctl = wirespeed_cuda_sys::emulator::controls().unwrap();
+    /// ctl.fail_context_creation(Some(46));
+    /// ctl.fail_context_creation(None);
+    /// ```
+    pub fn fail_context_creation(&self, code: Option<u32>) {
+        // SAFETY: plain value argument.
+        unsafe { (self.set_context_create_error)(code.unwrap_or(0) as c_int) };
+    }
+
+    /// How many unregistrations in a created context were refused because a
+    /// copy still used the memory (see [`Counters::unregister_violations`]).
+    ///
+    /// ```
+    /// let ctl = wirespeed_cuda_sys::emulator::controls().unwrap();
+    /// assert_eq!(ctl.unregister_violations(), ctl.counters().unregister_violations);
+    /// ```
+    pub fn unregister_violations(&self) -> u64 {
+        self.counters().unregister_violations
     }
 
     /// How many times `function` has been called so far, or `None` if unknown.
@@ -228,7 +270,7 @@ pub fn controls() -> Result<Controls, LoadError> {
                     Ok(p)
                 }
             };
-            // SAFETY (all five): the symbols are the emulator's control functions,
+            // SAFETY (all six): the symbols are the emulator's control functions,
             // whose C signatures cudart_emu.h declares as these types.
             Ok(Controls {
                 // SAFETY: see above.
@@ -241,7 +283,41 @@ pub fn controls() -> Result<Controls, LoadError> {
                 reset: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(sym("cudaEmuReset")?) },
                 // SAFETY: see above.
                 call_count: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> i64>(sym("cudaEmuCallCount")?) },
+                // SAFETY: see above.
+                set_context_create_error: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> c_int>(sym("cudaEmuSetContextCreateError")?) },
             })
         })
         .clone()
+}
+
+/// The emulator's count of refused unregistrations (see
+/// [`Counters::unregister_violations`]): 0 in a correct program.
+///
+/// ```
+/// assert_eq!(wirespeed_cuda_sys::emulator::unregister_violations()?, 0);
+/// # Ok::<(), wirespeed_cuda_sys::LoadError>(())
+/// ```
+///
+/// # Errors
+/// As [`controls`].
+pub fn unregister_violations() -> Result<u64, LoadError> {
+    Ok(controls()?.unregister_violations())
+}
+
+/// The emulator's driver functions, through its `cudaGetDriverEntryPointByVersion`
+/// (loading it if needed, as [`load`]); [`crate::driver()`] gives the same ones
+/// once the emulator is the process-wide runtime ([`install`]).
+///
+/// ```
+/// let drv = wirespeed_cuda_sys::emulator::driver()?;
+/// // SAFETY: no arguments but the flags, which must be 0.
+/// assert_eq!(unsafe { (drv.api().cuInit)(0) }.0, 0);
+/// # Ok::<(), wirespeed_cuda_sys::LoadError>(())
+/// ```
+///
+/// # Errors
+/// As [`load`] and [`Driver::from_runtime`](crate::Driver::from_runtime).
+pub fn driver() -> Result<&'static crate::Driver, LoadError> {
+    static DRIVER: OnceLock<Result<&'static crate::Driver, LoadError>> = OnceLock::new();
+    DRIVER.get_or_init(|| crate::Driver::from_runtime(load()?)).clone()
 }

@@ -12,6 +12,9 @@
 //!   build time instead (`Runtime::linked`, with that feature).
 //! * The `emulator` feature builds a host-only stand-in for `libcudart`
 //!   (the `emulator` module) that the loader can load by path.
+//! * A slice of the **driver API** (contexts and host registration: what a
+//!   second context on a device needs) is reached through [`DriverApi`], its
+//!   types in [`mod@driver`], also generated: see [`driver()`] for how it is found.
 //!
 //! ```
 //! match wirespeed_cuda_sys::runtime() {
@@ -27,11 +30,13 @@
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod driver_loader;
 #[cfg(feature = "emulator")]
 #[cfg_attr(docsrs, doc(cfg(feature = "emulator")))]
 pub mod emulator;
 mod loader;
 
+pub use driver_loader::{DRIVER_LIBRARY, Driver, driver};
 pub use loader::{LoadError, RUNTIME_PATH_ENV, Runtime, SEARCH_ORDER, runtime, set_runtime_path};
 
 /// Types and constants of the CUDA 13 runtime headers (generated).
@@ -50,19 +55,35 @@ pub mod cuda12 {
     include!("generated/cuda12.rs");
 }
 
+/// Types and constants of the CUDA 13 driver header `cuda.h` that [`DriverApi`]
+/// uses (generated): [`driver::CUresult`] is a `#[repr(transparent)]` newtype
+/// with associated constants, like [`cudaError_t`]. The bound function types
+/// are the same in CUDA 12 (the generator checks).
+#[allow(missing_docs, clippy::all, clippy::undocumented_unsafe_blocks)]
+pub mod driver {
+    include!("generated/driver.rs");
+}
+
+mod driver_api {
+    #![allow(clippy::all)]
+    include!("generated/driver_api.rs");
+}
+pub use driver_api::{DRIVER_SYMBOLS, DriverApi};
+
 pub use cuda13::{
-    CUDART_VERSION, CUevent_st, CUstream_st, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t,
-    cudaEventBlockingSync, cudaEventDefault, cudaEventDisableTiming, cudaEventInterprocess, cudaHostAllocDefault,
-    cudaHostAllocMapped, cudaHostAllocPortable, cudaHostAllocWriteCombined, cudaHostFn_t, cudaHostRegisterDefault,
-    cudaHostRegisterIoMemory, cudaHostRegisterMapped, cudaHostRegisterPortable, cudaHostRegisterReadOnly,
-    cudaMemcpyKind, cudaMemoryType, cudaPointerAttributes, cudaStream_t, cudaStreamDefault, cudaStreamNonBlocking,
+    CUDART_VERSION, CUevent_st, CUstream_st, cudaDeviceAttr, cudaDriverEntryPointQueryResult, cudaError, cudaError_t,
+    cudaEvent_t, cudaEventBlockingSync, cudaEventDefault, cudaEventDisableTiming, cudaEventInterprocess,
+    cudaGetDriverEntryPointFlags, cudaHostAllocDefault, cudaHostAllocMapped, cudaHostAllocPortable,
+    cudaHostAllocWriteCombined, cudaHostFn_t, cudaHostRegisterDefault, cudaHostRegisterIoMemory,
+    cudaHostRegisterMapped, cudaHostRegisterPortable, cudaHostRegisterReadOnly, cudaMemcpyKind, cudaMemoryType,
+    cudaPointerAttributes, cudaStream_t, cudaStreamDefault, cudaStreamNonBlocking,
 };
 
 mod api {
     #![allow(clippy::all)]
     include!("generated/api.rs");
 }
-pub use api::{Api, SYMBOLS};
+pub use api::{Api, PFN_cudaGetDriverEntryPointByVersion, SYMBOLS};
 
 /// The largest `cudaDeviceProp` of the supported major versions: a buffer of this
 /// size and alignment can be handed to [`Api::cudaGetDeviceProperties`] whatever
@@ -157,5 +178,23 @@ mod checks {
     const_assert_eq!(
         cudaDeviceAttr::cudaDevAttrAsyncEngineCount.0,
         cuda12::cudaDeviceAttr::cudaDevAttrAsyncEngineCount.0
+    );
+    // The driver's handles and codes are what C passes; its registration flags
+    // are the runtime's bits (the safe layer builds both from one set of flags).
+    const_assert_eq!(size_of::<driver::CUresult>(), 4);
+    const_assert_eq!(size_of::<driver::CUcontext>(), size_of::<usize>());
+    const_assert_eq!(size_of::<driver::CUdevice>(), 4);
+    const_assert_eq!(driver::CU_MEMHOSTREGISTER_PORTABLE, cudaHostRegisterPortable);
+    const_assert_eq!(driver::CU_MEMHOSTREGISTER_DEVICEMAP, cudaHostRegisterMapped);
+    const_assert_eq!(driver::CU_MEMHOSTREGISTER_READ_ONLY, cudaHostRegisterReadOnly);
+    const_assert_eq!(driver::CUresult::CUDA_SUCCESS.0, 0);
+    const_assert_eq!(cudaDriverEntryPointQueryResult::cudaDriverEntryPointSuccess.0, 0);
+    const_assert_eq!(
+        cudaDriverEntryPointQueryResult::cudaDriverEntryPointSuccess.0,
+        cuda12::cudaDriverEntryPointQueryResult::cudaDriverEntryPointSuccess.0
+    );
+    const_assert_eq!(
+        cudaGetDriverEntryPointFlags::cudaEnableLegacyStream.0,
+        cuda12::cudaGetDriverEntryPointFlags::cudaEnableLegacyStream.0
     );
 }

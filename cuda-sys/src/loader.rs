@@ -1,5 +1,6 @@
 //! Finding and loading `libcudart` at run time (dlopen through libc).
 
+use crate::driver_loader::DRIVER_LIBRARY;
 use crate::{Api, cudaError_t};
 use std::ffi::{CStr, CString, c_void};
 use std::fmt;
@@ -51,6 +52,25 @@ pub enum LoadError {
         /// What `cudaRuntimeGetVersion` said (`1000 * major + 10 * minor`).
         version: i32,
     },
+    /// The CUDA driver API could not be reached ([`crate::driver()`]): each way
+    /// tried, with why it failed.
+    NoDriver {
+        /// `(way, why)`: the runtime's `cudaGetDriverEntryPointByVersion`, then
+        /// `libcuda.so.1`.
+        tried: Vec<(String, String)>,
+    },
+    /// The driver lacks a function of [`DriverApi`](crate::DriverApi) at the
+    /// ABI version the bindings use.
+    MissingDriverSymbol {
+        /// Where it was looked up.
+        source: String,
+        /// The versioned symbol (`"cuCtxCreate_v2"`).
+        symbol: String,
+        /// The ABI version asked for (3020 for `cuCtxCreate_v2`).
+        version: u32,
+        /// What the lookup said.
+        why: String,
+    },
 }
 
 impl fmt::Display for LoadError {
@@ -85,6 +105,19 @@ impl fmt::Display for LoadError {
                 version / 1000,
                 version % 1000 / 10
             ),
+            LoadError::NoDriver { tried } => {
+                write!(f, "the CUDA driver API could not be reached; tried")?;
+                for (way, why) in tried {
+                    write!(f, " {way} ({why});")?;
+                }
+                write!(f, " install or update the NVIDIA driver (it provides {DRIVER_LIBRARY})")
+            }
+            LoadError::MissingDriverSymbol { source, symbol, version, why } => write!(
+                f,
+                "{source}: no driver function {symbol} (ABI version {}.{}): {why}; update the NVIDIA driver",
+                version / 1000,
+                version % 1000 / 10
+            ),
         }
     }
 }
@@ -99,6 +132,9 @@ pub struct Runtime {
     api: Api,
     version: i32,
     path: String,
+    /// The `dlopen` handle (never closed), for functions outside [`Api`]; 0 for
+    /// the runtime linked at build time (looked up in the global scope).
+    handle: usize,
 }
 
 impl fmt::Debug for Runtime {
@@ -179,7 +215,7 @@ impl Runtime {
         // SAFETY: every symbol comes from this runtime library, which is never
         // unloaded, and the table selects the names for its major version.
         let api = unsafe { Api::resolve(version / 1000, lookup) }.map_err(missing)?;
-        Ok(Box::leak(Box::new(Runtime { api, version, path: path.to_string() })))
+        Ok(Box::leak(Box::new(Runtime { api, version, path: path.to_string(), handle: handle as usize })))
     }
 
     /// Loads the first library that opens from: `explicit`, then the
@@ -233,7 +269,7 @@ impl Runtime {
                 if version / 1000 != 13 {
                     return Err(LoadError::UnsupportedVersion { library: library(), version });
                 }
-                Ok(Runtime { api, version, path: library() })
+                Ok(Runtime { api, version, path: library(), handle: 0 })
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -257,6 +293,15 @@ impl Runtime {
     /// The path or name the library was loaded from.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The address of `name` (NUL-terminated) in this runtime, or null: for the
+    /// functions that only some supported runtimes export (not in [`Api`]).
+    pub(crate) fn optional_symbol(&self, name: &std::ffi::CStr) -> *mut c_void {
+        let handle = if self.handle == 0 { libc::RTLD_DEFAULT } else { self.handle as *mut c_void };
+        // SAFETY: `handle` is this runtime's live handle (never closed), or the
+        // global scope, which holds the linked runtime; `name` is NUL-terminated.
+        unsafe { libc::dlsym(handle, name.as_ptr()) }
     }
 
     /// The name of an error code (`"cudaErrorInvalidValue"`), from the runtime.

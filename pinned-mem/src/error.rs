@@ -117,7 +117,8 @@ impl Error {
         Error::InvalidArgument { what, message: message.into() }
     }
 
-    /// The CUDA runtime function that failed (`"cudaHostRegister"`), for CUDA errors.
+    /// The CUDA runtime or driver function that failed (`"cudaHostRegister"`,
+    /// `"cuMemHostRegister"`), for CUDA errors.
     ///
     /// ```
     /// let e = wirespeed_pinned::Error::from(wirespeed_cuda::Error::Cuda {
@@ -127,7 +128,9 @@ impl Error {
     /// ```
     pub fn cuda_call(&self) -> Option<&str> {
         match self {
-            Error::Cuda(e @ wirespeed_cuda::Error::Cuda { .. }) => Some(e.call()),
+            Error::Cuda(e @ (wirespeed_cuda::Error::Cuda { .. } | wirespeed_cuda::Error::Driver { .. })) => {
+                Some(e.call())
+            }
             _ => None,
         }
     }

@@ -13,7 +13,10 @@
 //! * [`PinnedRange`]: any byte range of it registered **in place**
 //!   (`cudaHostRegister(ReadOnly)`), rounded out to pages, optionally
 //!   `mlock`-ed; copies from it run at the line rate (55 GB/s). Overlapping
-//!   pages share a registration or are refused clearly.
+//!   pages share a registration or are refused clearly. With
+//!   [`PinnedRange::new_in`] the range is registered in a
+//!   [`wirespeed_cuda::RegistrationContext`] (a second context on the GPU),
+//!   whose unregister neither waits for nor stalls the other copies.
 //! * [`PinBudget`]: every pinned byte is drawn from one, so running out is an
 //!   [`Error::BudgetExceeded`], not a dead machine; `mlock` is checked against
 //!   `RLIMIT_MEMLOCK` ([`Error::MemlockLimit`] says what to do).

@@ -6,12 +6,17 @@
 //! its live registrations: a range inside a live registration **shares** it (no
 //! new registration, no new budget); a range that overlaps one without being
 //! inside it is refused with [`Error::Overlap`].
+//!
+//! [`PinnedRange::new_in`] registers in a [`RegistrationContext`] instead of
+//! the primary context (measured on an H200: unregistering there neither waits
+//! for nor stalls the copies of the primary context). Only ranges asking for
+//! the same context share a registration.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use wirespeed_cuda::{HostRegistration, PinnedSlice, RegisterFlags};
+use wirespeed_cuda::{HostRegistration, PinnedSlice, RegisterFlags, RegistrationContext};
 
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
@@ -42,6 +47,8 @@ struct Entry {
     pages: Range<u64>,
     portable: bool,
     mlock: bool,
+    /// The [`RegistrationContext::id`] it was registered in (`None`: the primary context).
+    context: Option<u64>,
     reg: Weak<Registered>,
     /// Unregistering failed twice: the pages stay registered for good.
     leaked: bool,
@@ -177,6 +184,42 @@ impl PinnedRange {
         Self::create(file, range, opts, budget).map(|(r, _)| r)
     }
 
+    /// As [`PinnedRange::new`], but registered in the registration context
+    /// `ctx` (always portable: the copies run in the primary context), not in
+    /// the calling thread's current one. Releasing it then neither waits for
+    /// nor stalls unrelated copies: only the copies that read this range are
+    /// waited for, as always. A range inside a live registration of the same
+    /// mapping made in the same `ctx` shares it; one made elsewhere (another
+    /// context, or the primary one) is refused with [`Error::Overlap`].
+    ///
+    /// ```no_run
+    /// # use wirespeed_pinned::*;
+    /// use std::sync::Arc;
+    /// use wirespeed_cuda::{Device, RegistrationContext};
+    /// # fn main() -> Result<()> {
+    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// let dev = Device::get(0)?;
+    /// let budget = PinBudget::new(4 << 30);
+    /// let r = match RegistrationContext::new(&dev) {
+    ///     Ok(ctx) => PinnedRange::new_in(&Arc::new(ctx), &file, 0..1 << 30, PinOptions::default(), &budget)?,
+    ///     Err(_) => PinnedRange::new(&file, 0..1 << 30, PinOptions::default(), &budget)?, // the fallback
+    /// };
+    /// assert!(r.is_portable() || r.context().is_none());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`PinnedRange::new`], with CUDA's errors from `cuMemHostRegister`.
+    pub fn new_in(
+        ctx: &Arc<RegistrationContext>,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        opts: PinOptions,
+        budget: &PinBudget,
+    ) -> Result<PinnedRange> {
+        Self::create_in(Some(ctx), file, range, opts, budget).map(|(r, _)| r)
+    }
+
     /// As [`PinnedRange::new`], also telling whether a new registration was made
     /// (`false`: shared an existing one).
     pub(crate) fn create(
@@ -185,6 +228,20 @@ impl PinnedRange {
         opts: PinOptions,
         budget: &PinBudget,
     ) -> Result<(PinnedRange, bool)> {
+        Self::create_in(None, file, range, opts, budget)
+    }
+
+    /// As [`PinnedRange::create`], in `ctx` when given (see [`PinnedRange::new_in`]).
+    pub(crate) fn create_in(
+        ctx: Option<&Arc<RegistrationContext>>,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        opts: PinOptions,
+        budget: &PinBudget,
+    ) -> Result<(PinnedRange, bool)> {
+        // In a registration context the range is always portable.
+        let opts = PinOptions { portable: opts.portable || ctx.is_some(), ..opts };
+        let context = ctx.map(|c| c.id());
         let len = file.len();
         if range.start >= range.end {
             return Err(Error::BadRange { range, len, reason: "the range is empty: there is nothing to pin" });
@@ -219,6 +276,14 @@ impl PinnedRange {
                 };
                 alive.push(Arc::clone(&reg));
                 if e.pages.start <= pages.start && pages.end <= e.pages.end {
+                    if e.context != context {
+                        return Err(Error::Overlap {
+                            requested: range,
+                            existing: e.pages.clone(),
+                            reason: "it is registered in another CUDA context (a registration context, or the \
+                                     primary one) than this range asks for",
+                        });
+                    }
                     if opts.portable && !e.portable {
                         return Err(Error::Overlap {
                             requested: range,
@@ -260,7 +325,11 @@ impl PinnedRange {
             window.mlock()?;
         }
         let flags = RegisterFlags { portable: opts.portable, mapped: false, read_only: true };
-        let reg = HostRegistration::try_new(window, flags).map_err(|(e, window)| {
+        let reg = match ctx {
+            Some(ctx) => HostRegistration::try_new_in(ctx, window, flags),
+            None => HostRegistration::try_new(window, flags),
+        }
+        .map_err(|(e, window)| {
             drop(window); // munlock before reporting
             Error::Cuda(e)
         })?;
@@ -277,6 +346,7 @@ impl PinnedRange {
             pages,
             portable: opts.portable,
             mlock: opts.mlock,
+            context,
             reg: Arc::downgrade(&shared),
             leaked: false,
         });
@@ -407,6 +477,21 @@ impl PinnedRange {
     /// ```
     pub fn is_portable(&self) -> bool {
         self.shared.portable
+    }
+
+    /// The registration context it is registered in, or `None` for the primary
+    /// context ([`PinnedRange::new`]).
+    ///
+    /// ```no_run
+    /// # use wirespeed_pinned::*;
+    /// # fn main() -> Result<()> {
+    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert!(r.context().is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn context(&self) -> Option<&Arc<RegistrationContext>> {
+        self.shared.reg.context()
     }
 
     /// How many ranges share this registration (1 when alone).

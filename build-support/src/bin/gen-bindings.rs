@@ -11,8 +11,16 @@
 //! pointers that `cuda-sys` fills by `dlopen` at run time, with the symbol name
 //! to resolve for each major version. It refuses to write anything when a bound
 //! function's signature differs between the versions in a way the table does not
-//! know about. With `--check` it writes nothing and exits 1 when a checked-in file
-//! differs from what it would write (CI runs it that way).
+//! know about.
+//!
+//! From the driver headers of the same folders (`cuda.h`, and the versioned
+//! function pointer types of `cudaTypedefs.h`) it writes `driver.rs` (the
+//! driver types and constants, from CUDA 13) and `driver_api.rs`: the table of
+//! the few driver entry points the workspace binds, each at one fixed ABI
+//! version (`PFN_<name>_v<version>`), checked to be the same in CUDA 12 and 13.
+//!
+//! With `--check` it writes nothing and exits 1 when a checked-in file differs
+//! from what it would write (CI runs it that way).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -78,6 +86,15 @@ const FUNCTIONS: &[(&str, &str)] = &[
     ("cudaEventDestroy", "Destroys an event."),
 ];
 
+/// Runtime functions that only some supported runtimes export (the loader
+/// looks them up one by one): `api.rs` gets a function pointer type for each,
+/// `PFN_<name>`, checked to be the same in CUDA 12 and 13.
+/// `cudaGetDriverEntryPointByVersion` arrived in 12.5.
+const OPTIONAL_FUNCTIONS: &[(&str, &str)] = &[(
+    "cudaGetDriverEntryPointByVersion",
+    "Writes the address of a driver function of the given ABI version (`symbol` is its base name, as for `cuGetProcAddress`); a null address and a status when the driver lacks it.",
+)];
+
 /// Types bound (recursively, with what they contain).
 const TYPES: &[&str] = &[
     "cudaError",
@@ -90,6 +107,8 @@ const TYPES: &[&str] = &[
     "cudaStream_t",
     "cudaEvent_t",
     "cudaHostFn_t",
+    "cudaDriverEntryPointQueryResult",
+    "cudaGetDriverEntryPointFlags",
 ];
 
 /// Macro constants bound (regular expressions).
@@ -103,7 +122,14 @@ const VARS: &[&str] = &[
 
 /// C enums: emitted as newtypes over their integer with associated constants,
 /// so that a value from a newer runtime is never undefined behaviour.
-const ENUMS: &[&str] = &["cudaError", "cudaMemcpyKind", "cudaDeviceAttr", "cudaMemoryType"];
+const ENUMS: &[&str] = &[
+    "cudaError",
+    "cudaMemcpyKind",
+    "cudaDeviceAttr",
+    "cudaMemoryType",
+    "cudaDriverEntryPointQueryResult",
+    "cudaGetDriverEntryPointFlags",
+];
 
 /// Structs whose layout differs between major versions: the table passes
 /// pointers to them untyped.
@@ -115,6 +141,72 @@ const VERSIONED_STRUCTS: &[&str] = &["cudaDeviceProp"];
 /// (`cudaGetDeviceProperties` is not here: its unversioned symbol takes the
 /// older struct layout.) `cudaEventElapsedTime_v2` arrived in 12.8.
 const SAME_ABI_FALLBACK_12: &[&str] = &["cudaEventElapsedTime"];
+
+/// Every driver function the workspace binds, in the table's order:
+/// `(versioned symbol, ABI version, doc)`. The field of the table and the
+/// symbol `libcuda.so.1` exports are the versioned name (`cuCtxCreate_v2`);
+/// the runtime's `cudaGetDriverEntryPointByVersion` is asked for the base name
+/// (`cuCtxCreate`) at the version, which selects the same ABI: the type is
+/// `PFN_<base>_v<version>` of `cudaTypedefs.h`. (Asked at a later version, the
+/// driver would return another ABI: `cuCtxCreate` is `_v3` from 11.4 and `_v4`
+/// from 12.5, with other parameters.) The CUDA 12 `cuda.h` must map the base
+/// name to the versioned symbol (`#define cuCtxCreate cuCtxCreate_v2`), or have
+/// no mapping when they are the same.
+const DRIVER_FUNCTIONS: &[(&str, u32, &str)] = &[
+    (
+        "cuGetErrorName",
+        6000,
+        "Writes the enum name of a `CUresult` as a static C string (`CUDA_ERROR_INVALID_VALUE` for an unknown code).",
+    ),
+    (
+        "cuGetErrorString",
+        6000,
+        "Writes the description of a `CUresult` as a static C string (`CUDA_ERROR_INVALID_VALUE` for an unknown code).",
+    ),
+    ("cuInit", 2000, "Initializes the driver API; flags must be 0. Every other call but the two above needs it first."),
+    ("cuDeviceGet", 2000, "Writes the driver's handle of device `ordinal`."),
+    (
+        "cuCtxCreate_v2",
+        3020,
+        "Creates a context on a device and pushes it on the calling thread's context stack (it becomes current).",
+    ),
+    (
+        "cuCtxDestroy_v2",
+        4000,
+        "Destroys a context (and the registrations made in it); pops it if it is current to the calling thread.",
+    ),
+    ("cuCtxPushCurrent_v2", 4000, "Pushes a context on the calling thread's context stack: it becomes current."),
+    (
+        "cuCtxPopCurrent_v2",
+        4000,
+        "Pops the current context off the calling thread's stack and writes it; the one below becomes current.",
+    ),
+    ("cuCtxGetCurrent", 4000, "Writes the calling thread's current context (null when none)."),
+    ("cuCtxSetCurrent", 4000, "Replaces the top of the calling thread's context stack (null: pops it)."),
+    (
+        "cuMemHostRegister_v2",
+        6050,
+        "Page-locks an existing host range in the current context with `CU_MEMHOSTREGISTER_*` flags.",
+    ),
+    ("cuMemHostUnregister", 4000, "Unregisters a range registered in the current context, given its start."),
+];
+
+/// Driver types bound (recursively), besides the function pointer types.
+const DRIVER_TYPES: &[&str] = &["CUresult", "CUcontext", "CUdevice", "CUctx_flags"];
+
+/// Driver macro constants bound (regular expressions).
+const DRIVER_VARS: &[&str] = &["CUDA_VERSION", "CU_MEMHOSTREGISTER_(PORTABLE|DEVICEMAP|IOMEMORY|READ_ONLY)"];
+
+/// Driver C enums, as newtypes (see [`ENUMS`]).
+const DRIVER_ENUMS: &[&str] = &["cudaError_enum", "CUctx_flags_enum"];
+
+/// The base name of a versioned driver symbol (`cuCtxCreate_v2` -> `cuCtxCreate`).
+fn driver_base(symbol: &str) -> &str {
+    match symbol.rfind("_v") {
+        Some(i) if symbol[i + 2..].chars().all(|c| c.is_ascii_digit()) && i + 2 < symbol.len() => &symbol[..i],
+        _ => symbol,
+    }
+}
 
 struct Args {
     cuda13: PathBuf,
@@ -192,7 +284,7 @@ fn generate_types(include: &Path) -> Result<String, String> {
 
 fn generate_functions(include: &Path) -> Result<String, String> {
     let mut b = builder(include).allowlist_recursively(false);
-    for (f, _) in FUNCTIONS {
+    for (f, _) in FUNCTIONS.iter().chain(OPTIONAL_FUNCTIONS) {
         // CUDA 12 renames some entry points with macros (cudaGetDeviceProperties -> _v2).
         b = b.allowlist_function(format!("{f}(_v2)?"));
     }
@@ -310,6 +402,22 @@ fn generate_api(v13: &BTreeMap<String, Decl>, v12: &BTreeMap<String, Decl>) -> R
         writeln!(s, "    (\"{name}\", \"{s13}\", \"{s12}\"),").map_err(|e| e.to_string())?;
     }
     s.push_str("];\n\n");
+    for (name, doc) in OPTIONAL_FUNCTIONS {
+        let d13 = v13.get(*name).ok_or_else(|| format!("{name} not found in the CUDA 13 headers"))?;
+        let d12 = v12.get(*name).ok_or_else(|| format!("{name} not found in the CUDA 12 headers"))?;
+        if d13.params.iter().map(|p| &p.1).ne(d12.params.iter().map(|p| &p.1)) || d13.ret != d12.ret {
+            return Err(format!("{name}: signature differs between CUDA 12 ({d12:?}) and 13 ({d13:?})"));
+        }
+        let params: Vec<String> = d13.params.iter().map(|(n, t)| format!("{n}: {}", table_type(t))).collect();
+        let ret = if d13.ret.is_empty() { String::new() } else { format!(" -> {}", d13.ret) };
+        writeln!(
+            s,
+            "/// {doc}\n/// Not in [`Api`]: only some supported runtimes export `{}`.\npub type PFN_{name} = unsafe extern \"C\" fn({}){ret};\n",
+            d13.symbol,
+            params.join(", ")
+        )
+        .map_err(|e| e.to_string())?;
+    }
     s.push_str(
         "impl Api {\n\
          \x20   /// Builds the table from a symbol lookup (`dlsym` on the loaded library).\n\
@@ -373,6 +481,151 @@ fn generate_api(v13: &BTreeMap<String, Decl>, v12: &BTreeMap<String, Decl>) -> R
     Ok(s)
 }
 
+fn generate_driver_types(include: &Path) -> Result<String, String> {
+    let mut b = bindgen::Builder::default()
+        .header_contents("driver.h", "#include <cudaTypedefs.h>\n")
+        .clang_arg(format!("-I{}", include.display()))
+        .clang_arg("-xc")
+        .use_core()
+        .generate_comments(false)
+        .layout_tests(true)
+        .formatter(bindgen::Formatter::Prettyplease)
+        .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })
+        .derive_default(true)
+        .derive_debug(true)
+        .derive_eq(true)
+        .derive_hash(true)
+        .prepend_enum_name(false)
+        .impl_debug(false);
+    for t in DRIVER_TYPES {
+        b = b.allowlist_type(t);
+    }
+    for (symbol, version, _) in DRIVER_FUNCTIONS {
+        b = b.allowlist_type(format!("PFN_{}_v{version}", driver_base(symbol)));
+    }
+    for v in DRIVER_VARS {
+        b = b.allowlist_var(v);
+    }
+    for e in DRIVER_ENUMS {
+        b = b.newtype_enum(e);
+    }
+    let out = b.generate().map_err(|e| format!("bindgen (driver types) in {}: {e}", include.display()))?;
+    Ok(out.to_string())
+}
+
+/// The function types of bindgen's `pub type PFN_x = Option<unsafe extern "C" fn(..) -> R>;`
+/// items, by typedef name, on one line each.
+fn parse_pfns(src: &str) -> Result<BTreeMap<String, String>, String> {
+    let flat: String = src.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out = BTreeMap::new();
+    for piece in flat.split("pub type ").skip(1) {
+        let Some((name, rest)) = piece.split_once(" = ") else { continue };
+        if !name.starts_with("PFN_") {
+            continue;
+        }
+        let inner = rest
+            .strip_prefix("::core::option::Option<")
+            .ok_or_else(|| format!("{name}: not an optional function pointer: {rest:.80}"))?;
+        let end = inner.rfind(">;").ok_or_else(|| format!("{name}: unterminated type"))?;
+        let ty =
+            inner[..end].trim().trim_end_matches(',').trim().replace("( ", "(").replace(", )", ")").replace(" )", ")");
+        out.insert(name.to_string(), ty);
+    }
+    Ok(out)
+}
+
+/// Checks that the CUDA 12 `cuda.h` maps each bound base name to the symbol
+/// the table resolves from `libcuda.so.1` (`#define cuCtxCreate cuCtxCreate_v2`).
+fn check_driver_symbols(include12: &Path) -> Result<(), String> {
+    let path = include12.join("cuda.h");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for (symbol, _, _) in DRIVER_FUNCTIONS {
+        let base = driver_base(symbol);
+        let mapped = text.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("#define") && w.next() == Some(base)).then(|| w.next().unwrap_or("").to_string())
+        });
+        let ok = match &mapped {
+            Some(m) => m == symbol,
+            None => base == *symbol,
+        };
+        if !ok {
+            return Err(format!(
+                "{}: {base} maps to {mapped:?}, but the table binds {symbol}: fix DRIVER_FUNCTIONS",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn generate_driver_api(v13: &BTreeMap<String, String>, v12: &BTreeMap<String, String>) -> Result<String, String> {
+    let mut s = header("the driver function table");
+    s.push_str(
+        "\nuse crate::driver::*;\n\n\
+         /// The CUDA driver entry points this crate binds, each at one fixed ABI\n\
+         /// version, resolved at run time (see [`crate::driver()`]). Every field is a\n\
+         /// plain C function pointer: calling one is `unsafe` and follows the CUDA\n\
+         /// driver API documentation of the function of that name.\n\
+         #[allow(non_snake_case)]\n\
+         #[derive(Clone, Copy)]\n\
+         pub struct DriverApi {\n",
+    );
+    let mut rows = Vec::new();
+    for (symbol, version, doc) in DRIVER_FUNCTIONS {
+        let base = driver_base(symbol);
+        let pfn = format!("PFN_{base}_v{version}");
+        let t13 = v13.get(&pfn).ok_or_else(|| format!("{pfn} not found in the CUDA 13 cudaTypedefs.h"))?;
+        let t12 = v12.get(&pfn).ok_or_else(|| format!("{pfn} not found in the CUDA 12 cudaTypedefs.h"))?;
+        if t13 != t12 {
+            return Err(format!("{pfn}: differs between CUDA 12 ({t12}) and 13 ({t13})"));
+        }
+        writeln!(s, "    /// {doc} ABI: `{pfn}`.\n    pub {symbol}: {t13},").map_err(|e| e.to_string())?;
+        rows.push((*symbol, base, *version, t13.clone()));
+    }
+    s.push_str("}\n\n");
+    s.push_str(
+        "/// Each entry of the table: `(field and libcuda.so.1 symbol, base name for\n\
+         /// cudaGetDriverEntryPointByVersion, ABI version)`.\n\
+         pub const DRIVER_SYMBOLS: &[(&str, &str, u32)] = &[\n",
+    );
+    for (symbol, base, version, _) in &rows {
+        writeln!(s, "    (\"{symbol}\", \"{base}\", {version}),").map_err(|e| e.to_string())?;
+    }
+    s.push_str("];\n\n");
+    s.push_str(
+        "impl DriverApi {\n\
+         \x20   /// Builds the table from a lookup: `lookup(symbol, base, version)` returns the\n\
+         \x20   /// address of driver function `symbol` (e.g. `\"cuCtxCreate_v2\\0\"`), whose\n\
+         \x20   /// base name is `base` (`\"cuCtxCreate\\0\"`) at ABI version `version`, or null.\n\
+         \x20   /// Both names end with a NUL. Returns the first symbol that was not found.\n\
+         \x20   ///\n\
+         \x20   /// # Safety\n\
+         \x20   /// Every non-null address `lookup` returns must be that driver function with\n\
+         \x20   /// the ABI of `PFN_<base>_v<version>` of `cudaTypedefs.h`, valid for as long\n\
+         \x20   /// as the returned table is used.\n\
+         \x20   pub unsafe fn resolve(\n\
+         \x20       mut lookup: impl FnMut(&'static str, &'static str, u32) -> *mut ::core::ffi::c_void,\n\
+         \x20   ) -> Result<Self, &'static str> {\n\
+         \x20       let mut sym = |symbol: &'static str, base: &'static str, version: u32| {\n\
+         \x20           let p = lookup(symbol, base, version);\n\
+         \x20           if p.is_null() { Err(symbol.trim_end_matches('\\0')) } else { Ok(p) }\n\
+         \x20       };\n\
+         \x20       Ok(Self {\n",
+    );
+    for (symbol, base, version, ty) in &rows {
+        writeln!(
+            s,
+            "            // SAFETY: the caller guarantees the address is this driver function with the\n\
+             \x20           // ABI of PFN_{base}_v{version}, whose C signature the headers give as this type.\n\
+             \x20           {symbol}: unsafe {{ ::core::mem::transmute::<*mut ::core::ffi::c_void, {ty}>(sym(\"{symbol}\\0\", \"{base}\\0\", {version})?) }},"
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    s.push_str("        })\n    }\n}\n");
+    Ok(s)
+}
+
 fn run() -> Result<bool, String> {
     let args = parse_args()?;
     let mut files: Vec<(String, String)> = Vec::new();
@@ -385,6 +638,22 @@ fn run() -> Result<bool, String> {
         files.push((format!("{tag}_fns.rs"), format!("{}\n{fns}", header(&format!("{tag} extern declarations")))));
     }
     files.push(("api.rs".into(), generate_api(&decls[0], &decls[1])?));
+    let mut pfns = Vec::new();
+    for (tag, dir) in [("cuda13", &args.cuda13), ("cuda12", &args.cuda12)] {
+        let types = generate_driver_types(dir)?;
+        pfns.push(parse_pfns(&types)?);
+        if tag == "cuda13" {
+            // One file: the bound types are the same in both versions (the
+            // function types are compared below); CUresult is a newtype, so a
+            // code only the other version knows is just another value.
+            files.push((
+                "driver.rs".into(),
+                format!("{}\n{types}", header("driver types and constants (cuda.h, cudaTypedefs.h of CUDA 13)")),
+            ));
+        }
+    }
+    check_driver_symbols(&args.cuda12)?;
+    files.push(("driver_api.rs".into(), generate_driver_api(&pfns[0], &pfns[1])?));
     let mut differs = false;
     for (name, text) in &files {
         let path = args.out.join(name);

@@ -142,6 +142,10 @@ pub const SYMBOLS: &[(&str, &str, &str)] = &[
     ("cudaEventDestroy", "cudaEventDestroy", "cudaEventDestroy"),
 ];
 
+/// Writes the address of a driver function of the given ABI version (`symbol` is its base name, as for `cuGetProcAddress`); a null address and a status when the driver lacks it.
+/// Not in [`Api`]: only some supported runtimes export `cudaGetDriverEntryPointByVersion`.
+pub type PFN_cudaGetDriverEntryPointByVersion = unsafe extern "C" fn(symbol: *const ::core::ffi::c_char, funcPtr: *mut *mut ::core::ffi::c_void, cudaVersion: ::core::ffi::c_uint, flags: ::core::ffi::c_ulonglong, driverStatus: *mut cudaDriverEntryPointQueryResult) -> cudaError_t;
+
 impl Api {
     /// Builds the table from a symbol lookup (`dlsym` on the loaded library).
     /// `major` selects the symbol names (CUDA 12 renamed some entry points).

@@ -838,3 +838,31 @@ pub struct CUevent_st {
     _unused: [u8; 0],
 }
 pub type cudaEvent_t = *mut CUevent_st;
+impl cudaGetDriverEntryPointFlags {
+    pub const cudaEnableDefault: cudaGetDriverEntryPointFlags = cudaGetDriverEntryPointFlags(
+        0,
+    );
+    pub const cudaEnableLegacyStream: cudaGetDriverEntryPointFlags = cudaGetDriverEntryPointFlags(
+        1,
+    );
+    pub const cudaEnablePerThreadDefaultStream: cudaGetDriverEntryPointFlags = cudaGetDriverEntryPointFlags(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct cudaGetDriverEntryPointFlags(pub ::core::ffi::c_uint);
+impl cudaDriverEntryPointQueryResult {
+    pub const cudaDriverEntryPointSuccess: cudaDriverEntryPointQueryResult = cudaDriverEntryPointQueryResult(
+        0,
+    );
+    pub const cudaDriverEntryPointSymbolNotFound: cudaDriverEntryPointQueryResult = cudaDriverEntryPointQueryResult(
+        1,
+    );
+    pub const cudaDriverEntryPointVersionNotSufficent: cudaDriverEntryPointQueryResult = cudaDriverEntryPointQueryResult(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct cudaDriverEntryPointQueryResult(pub ::core::ffi::c_uint);

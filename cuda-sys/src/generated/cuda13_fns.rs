@@ -117,4 +117,11 @@ unsafe extern "C" {
     ) -> cudaError_t;
     pub fn cudaDriverGetVersion(driverVersion: *mut ::core::ffi::c_int) -> cudaError_t;
     pub fn cudaRuntimeGetVersion(runtimeVersion: *mut ::core::ffi::c_int) -> cudaError_t;
+    pub fn cudaGetDriverEntryPointByVersion(
+        symbol: *const ::core::ffi::c_char,
+        funcPtr: *mut *mut ::core::ffi::c_void,
+        cudaVersion: ::core::ffi::c_uint,
+        flags: ::core::ffi::c_ulonglong,
+        driverStatus: *mut cudaDriverEntryPointQueryResult,
+    ) -> cudaError_t;
 }
