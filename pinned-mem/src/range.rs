@@ -9,8 +9,10 @@
 //!
 //! [`PinnedRange::new_in`] registers in a [`RegistrationContext`] instead of
 //! the primary context (measured on an H200: unregistering there neither waits
-//! for nor stalls the copies of the primary context). Only ranges asking for
-//! the same context share a registration.
+//! for nor stalls the copies of the primary context). A range inside a live
+//! registration shares it whatever context either asks for: copies run in the
+//! primary context, which sees portable registrations of every context, and
+//! the owner unregisters in its own.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,8 +49,6 @@ struct Entry {
     pages: Range<u64>,
     portable: bool,
     mlock: bool,
-    /// The [`RegistrationContext::id`] it was registered in (`None`: the primary context).
-    context: Option<u64>,
     reg: Weak<Registered>,
     /// Unregistering failed twice: the pages stay registered for good.
     leaked: bool,
@@ -189,15 +189,15 @@ impl PinnedRange {
     /// the calling thread's current one. Releasing it then neither waits for
     /// nor stalls unrelated copies: only the copies that read this range are
     /// waited for, as always. A range inside a live registration of the same
-    /// mapping made in the same `ctx` shares it; one made elsewhere (another
-    /// context, or the primary one) is refused with [`Error::Overlap`].
+    /// mapping shares it, whichever context made it (the one that made it
+    /// unregisters it, in its own context, once the last sharer is gone).
     ///
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// use std::sync::Arc;
     /// use wirespeed_cuda::{Device, RegistrationContext};
     /// # fn main() -> Result<()> {
-    /// let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let dev = Device::get(0)?;
     /// let budget = PinBudget::new(4 << 30);
     /// let r = match RegistrationContext::new(&dev) {
@@ -239,9 +239,11 @@ impl PinnedRange {
         opts: PinOptions,
         budget: &PinBudget,
     ) -> Result<(PinnedRange, bool)> {
-        // In a registration context the range is always portable.
+        // In a registration context the range is always portable (copies run
+        // in the primary context); a live registration it shares need only be
+        // as portable as the caller asked.
+        let want_portable = opts.portable;
         let opts = PinOptions { portable: opts.portable || ctx.is_some(), ..opts };
-        let context = ctx.map(|c| c.id());
         let len = file.len();
         if range.start >= range.end {
             return Err(Error::BadRange { range, len, reason: "the range is empty: there is nothing to pin" });
@@ -276,15 +278,11 @@ impl PinnedRange {
                 };
                 alive.push(Arc::clone(&reg));
                 if e.pages.start <= pages.start && pages.end <= e.pages.end {
-                    if e.context != context {
-                        return Err(Error::Overlap {
-                            requested: range,
-                            existing: e.pages.clone(),
-                            reason: "it is registered in another CUDA context (a registration context, or the \
-                                     primary one) than this range asks for",
-                        });
-                    }
-                    if opts.portable && !e.portable {
+                    // Copies run in the primary context, which sees a
+                    // registration made there or a portable one made in any
+                    // context: a live one is shared whatever context this
+                    // range asks for (its owner unregisters it in its own).
+                    if want_portable && !e.portable {
                         return Err(Error::Overlap {
                             requested: range,
                             existing: e.pages.clone(),
@@ -346,7 +344,6 @@ impl PinnedRange {
             pages,
             portable: opts.portable,
             mlock: opts.mlock,
-            context,
             reg: Arc::downgrade(&shared),
             leaked: false,
         });
@@ -485,7 +482,7 @@ impl PinnedRange {
     /// ```no_run
     /// # use wirespeed_pinned::*;
     /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/seed.bin") }?;
+    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert!(r.context().is_none());
     /// # Ok(()) }

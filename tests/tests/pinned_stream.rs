@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wirespeed_cuda::{Device, DeviceBuffer};
-use wirespeed_pinned::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
+use wirespeed_pinned::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer, WindowContext};
 use wirespeed_tests::{Ctx, Watchdog, open_mapped, pattern, start};
 
 const LEN: usize = (3 << 20) + 12345;
@@ -841,5 +841,58 @@ fn absurd_strategy_sizes_are_typed_errors_not_aborts() {
         }
     }
     drop(dst);
+    t.assert_clean();
+}
+
+/// Sliding windows are registered in a second context when one can be made,
+/// unregistered only after their copies (the emulator counts any unregister
+/// under a copy as a violation), and fall back to the primary context, saying
+/// why, when the configuration turns it off or the context cannot be made.
+#[test]
+fn windows_use_a_second_context_and_fall_back_to_the_primary_one() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("winctx");
+    let (file, data) = data_file(&dir, 32, LEN);
+    let dev = Device::get(0).unwrap();
+    let budget = PinBudget::new(4 << 20);
+    let run = |cfg: StreamConfig| {
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        let report = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), data, "{report}");
+        report
+    };
+    for strategy in [
+        Strategy::Windows { window: 256 << 10, in_flight: 3 },
+        Strategy::Hybrid { window: 256 << 10, slot: 64 << 10, threads: 2 },
+    ] {
+        let report = run(StreamConfig::new(strategy, budget.clone()));
+        assert_eq!(report.windows, WindowContext::SecondContext, "{report}");
+        assert!(report.to_string().contains("windows in a second context"), "{report}");
+        let mut off = StreamConfig::new(strategy, budget.clone());
+        off.second_context = false;
+        let report = run(off);
+        assert!(
+            matches!(&report.windows, WindowContext::PrimaryContext { reason } if reason.contains("second_context is off")),
+            "{report}"
+        );
+    }
+    if let Some(c) = t.counters() {
+        assert_eq!(c.unregister_violations, 0);
+    }
+    // Whole-file passes and the ring register no windows.
+    let report = run(StreamConfig::new(Strategy::Ring { slots: 4, slot: 64 << 10, threads: 2 }, budget.clone()));
+    assert_eq!(report.windows, WindowContext::None);
+    if t.emulated() {
+        t.emu().fail_context_creation(Some(46));
+        let report = run(StreamConfig::new(Strategy::Windows { window: 256 << 10, in_flight: 2 }, budget.clone()));
+        t.emu().fail_context_creation(None);
+        assert!(
+            matches!(&report.windows, WindowContext::PrimaryContext { reason } if reason.contains("cuCtxCreate")),
+            "{report}"
+        );
+    }
+    assert_eq!(budget.used(), 0);
     t.assert_clean();
 }

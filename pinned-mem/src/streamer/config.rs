@@ -37,6 +37,13 @@ pub struct StreamConfig {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument); a panic in it
     /// ends the transfer with [`Error::WorkerPanicked`](crate::Error::WorkerPanicked).
     pub progress: Option<Progress>,
+    /// Register sliding windows in a second CUDA context of the first device
+    /// (default `true`): there registering and unregistering neither wait for
+    /// nor stall the copies in flight, which is what lets windows keep up with
+    /// the line rate. `false`, or a context that cannot be made, uses the
+    /// primary context ([`Report::windows`](super::Report::windows) says which
+    /// and why).
+    pub second_context: bool,
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -47,6 +54,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("mlock", &self.mlock)
             .field("verify", &self.verify)
             .field("progress", &self.progress.is_some())
+            .field("second_context", &self.second_context)
             .finish()
     }
 }
@@ -56,9 +64,9 @@ impl StreamConfig {
     ///
     /// ```
     /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::WholeFile, wirespeed_pinned::PinBudget::unlimited());
-    /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none());
+    /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none() && cfg.second_context);
     /// ```
     pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
-        StreamConfig { strategy, budget, mlock: false, verify: false, progress: None }
+        StreamConfig { strategy, budget, mlock: false, verify: false, progress: None, second_context: true }
     }
 }

@@ -68,7 +68,7 @@ use cache::{State, kept};
 use plan::check_range;
 
 pub use config::{Progress, StreamConfig};
-pub use report::Report;
+pub use report::{Report, WindowContext};
 
 /// Locks `m`, also when a panic poisoned it.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,6 +110,9 @@ pub struct Streamer {
     portable: bool,
     owner: Mutex<Option<ThreadId>>,
     state: Mutex<State>,
+    /// The second context windows are registered in, made at the first
+    /// transfer that registers windows (or why there is none).
+    window_context: std::sync::OnceLock<std::result::Result<Arc<wirespeed_cuda::RegistrationContext>, String>>,
 }
 
 impl std::fmt::Debug for Streamer {
@@ -157,6 +160,7 @@ impl Streamer {
             config,
             owner: Mutex::new(None),
             state: Mutex::new(State::default()),
+            window_context: std::sync::OnceLock::new(),
         })
     }
 

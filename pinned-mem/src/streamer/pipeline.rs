@@ -11,14 +11,14 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use wirespeed_cuda::{Device, Event, Stream};
+use wirespeed_cuda::{Device, Event, RegistrationContext, Stream};
 
 use super::cache::{State, drop_overlapping};
 use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
 use super::ring::{Fill, ring_agent};
 use super::windows::{WindowSrc, window_agent};
-use super::{Report, Streamer, lock};
+use super::{Report, Streamer, WindowContext, lock};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
@@ -80,6 +80,7 @@ impl Streamer {
                 peak_pinned: watch.peak(),
                 registrations: 0,
                 verified: sink.verified(),
+                windows: WindowContext::None,
             };
             return Ok((report, sink));
         }
@@ -89,7 +90,12 @@ impl Streamer {
         let held = self.prepare(st, file, &range, strategy, &registrations)?;
         let whole = held.whole.and_then(|i| st.cache.get(i));
 
-        let ctx = self.ctx(file, len, registrations);
+        let (window_ctx, windows) = match strategy {
+            Strategy::Windows { .. } | Strategy::Hybrid { .. } => self.window_context(),
+            _ => (None, WindowContext::None),
+        };
+        let mut ctx = self.ctx(file, len, registrations);
+        ctx.window_ctx = window_ctx;
         let claims = Claims::new(range.clone());
         let sink = Mutex::new(sink);
         let agents = agents(strategy, whole, &held);
@@ -119,6 +125,7 @@ impl Streamer {
             peak_pinned: watch.peak(),
             registrations: ctx.registrations.load(Ordering::Relaxed),
             verified: sink.verified(),
+            windows,
         };
         Ok((report, sink))
     }
@@ -182,6 +189,7 @@ impl Streamer {
             total: len,
             progress: self.config.progress.as_deref(),
             streamer: self.id(),
+            window_ctx: None,
         }
     }
 
@@ -319,6 +327,8 @@ pub(super) struct Ctx<'a> {
     pub(super) window_events: &'a Mutex<Vec<Vec<Event>>>,
     /// [`Streamer::id`] of the streamer running the transfer.
     pub(super) streamer: usize,
+    /// The second context sliding windows are registered in, if any.
+    pub(super) window_ctx: Option<Arc<RegistrationContext>>,
 }
 
 impl Ctx<'_> {

@@ -9,6 +9,7 @@ use crate::util::Bytes;
 /// let r = wirespeed_pinned::Report {
 ///     strategy: wirespeed_pinned::Strategy::WholeFile, bytes: 2_000_000_000, seconds: 0.04, cpu_seconds: 0.01,
 ///     peak_pinned: 2 << 30, registrations: 0, verified: None,
+///     windows: wirespeed_pinned::WindowContext::None,
 /// };
 /// assert!((r.gbps() - 50.0).abs() < 1e-9);
 /// println!("{r}");
@@ -31,13 +32,51 @@ pub struct Report {
     /// With [`StreamConfig::verify`](super::StreamConfig::verify): whether the
     /// device data equals the file.
     pub verified: Option<bool>,
+    /// Where sliding windows were registered, and why there.
+    pub windows: WindowContext,
+}
+
+/// Where a transfer registered its sliding windows ([`Strategy::Windows`] and
+/// [`Strategy::Hybrid`]).
+///
+/// ```
+/// use wirespeed_pinned::WindowContext;
+/// assert_eq!(WindowContext::SecondContext.to_string(), "windows in a second context");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowContext {
+    /// No windows were registered (whole-file, ring or direct, or nothing to move).
+    None,
+    /// In a second CUDA context of the device: registering and unregistering
+    /// a window neither wait for nor stall the copies of other windows, and
+    /// each window is unregistered as soon as the copies that read it completed.
+    SecondContext,
+    /// In the primary context, where unregistering waits for every copy in
+    /// flight on the device, so windows are unregistered in batches; `reason`
+    /// says why no second context was used (turned off in the
+    /// [`StreamConfig`](super::StreamConfig), or its creation failed: an
+    /// exclusive-process compute mode, MPS, an old driver).
+    PrimaryContext {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for WindowContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WindowContext::None => write!(f, "no windows"),
+            WindowContext::SecondContext => write!(f, "windows in a second context"),
+            WindowContext::PrimaryContext { reason } => write!(f, "windows in the primary context ({reason})"),
+        }
+    }
 }
 
 impl Report {
     /// Decimal gigabytes per second (`bytes / seconds / 1e9`).
     ///
     /// ```
-    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None };
+    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None, windows: wirespeed_pinned::WindowContext::None };
     /// assert_eq!(r.gbps(), 0.0);
     /// ```
     pub fn gbps(&self) -> f64 {
@@ -47,7 +86,7 @@ impl Report {
     /// CPU seconds per decimal gigabyte moved.
     ///
     /// ```
-    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None };
+    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None, windows: wirespeed_pinned::WindowContext::None };
     /// assert_eq!(r.cpu_per_gb(), 0.5);
     /// ```
     pub fn cpu_per_gb(&self) -> f64 {
@@ -68,6 +107,9 @@ impl std::fmt::Display for Report {
             Bytes(self.peak_pinned),
             self.registrations
         )?;
+        if self.windows != WindowContext::None {
+            write!(f, ", {}", self.windows)?;
+        }
         match self.verified {
             Some(true) => write!(f, ", verified"),
             Some(false) => write!(f, ", VERIFICATION FAILED"),

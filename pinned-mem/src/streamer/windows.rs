@@ -4,6 +4,17 @@
 //! taking a piece of the kept whole-file registration, enqueues their copies,
 //! and retires each once its events completed: register window i+1 while
 //! window i copies.
+//!
+//! Windows are registered in a second CUDA context of the device when one can
+//! be made ([`Streamer::window_context`]). Measured on an H200 (driver 580): in
+//! the primary context `cudaHostUnregister` waits for every copy in flight on
+//! the device, and registering or unregistering stalls other threads' copies,
+//! so windows alone stop at 25-30 GB/s; in a second context neither happens,
+//! and copies issued in the primary context from memory registered there
+//! (portable) run at the line rate. The driver then no longer waits for
+//! anyone: a window is unregistered only after the events of every copy that
+//! reads it completed, which [`PinnedRange`]'s registration enforces (its
+//! release waits on the fence every copy records into).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -12,9 +23,13 @@ use std::sync::mpsc::SyncSender;
 
 use wirespeed_cuda::{Event, EventOptions};
 
-use super::lock;
+use std::sync::Arc;
+
+use wirespeed_cuda::RegistrationContext;
+
 use super::pipeline::{Claims, Ctx, tail_spin, wait_tail};
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
+use super::{Streamer, WindowContext, lock};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
 use crate::sink::{RangePart, Sink};
@@ -91,13 +106,17 @@ fn claim_windows<S: Sink>(
     while !ctx.aborted() {
         let Some(r) = claims.front(src.size()) else { break };
         if queue.is_full() {
-            // `cudaHostUnregister` waits for every copy in flight on the
-            // device (measured on the H200), so retiring one window per new
-            // window would drain the queue each time. Registered windows
-            // are retired all at once when they fill the budget: one drain
-            // per batch. Pieces of a cached registration (nothing to
-            // unregister) retire one at a time.
-            let batch = if matches!(src, WindowSrc::Register { .. }) { queue.windows.len() } else { 1 };
+            // In the primary context `cudaHostUnregister` waits for every copy
+            // in flight on the device (measured on the H200), so retiring one
+            // window per new window would drain the queue each time: there
+            // registered windows are retired all at once when they fill the
+            // budget, one drain per batch. In a second context, and for
+            // pieces of a cached registration (nothing to unregister), the
+            // oldest retires alone.
+            let batch = match src {
+                WindowSrc::Register { .. } if ctx.window_ctx.is_none() => queue.windows.len(),
+                _ => 1,
+            };
             queue.retire_batch(ctx, batch)?;
         }
         let len = r.end - r.start;
@@ -142,10 +161,10 @@ fn claim_windows<S: Sink>(
 /// Registers window `r` (on the streamer's device unless portable), counting
 /// a fresh registration.
 fn register(ctx: &Ctx<'_>, r: std::ops::Range<u64>) -> Result<PinnedRange> {
-    if !ctx.portable {
+    if !ctx.portable && ctx.window_ctx.is_none() {
         ctx.device0.make_current()?;
     }
-    let (reg, fresh) = PinnedRange::create(ctx.file, r, ctx.opts, ctx.budget)?;
+    let (reg, fresh) = PinnedRange::create_in(ctx.window_ctx.as_ref(), ctx.file, r, ctx.opts, ctx.budget)?;
     if fresh {
         ctx.registrations.fetch_add(1, Ordering::Relaxed);
     }
@@ -267,4 +286,24 @@ fn retire(ctx: &Ctx<'_>, w: InFlightWindow, events: &[Vec<Option<Event>>], tail:
         res = res.and(reg.release());
     }
     res
+}
+
+impl Streamer {
+    /// The second context sliding windows are registered in, made on first
+    /// use and kept, with what [`Report::windows`](super::Report::windows)
+    /// says; `None` (the primary context) when the configuration turns it off
+    /// or the context cannot be made, with the reason.
+    pub(super) fn window_context(&self) -> (Option<Arc<RegistrationContext>>, WindowContext) {
+        if !self.config.second_context {
+            let reason = "StreamConfig::second_context is off".to_string();
+            return (None, WindowContext::PrimaryContext { reason });
+        }
+        let made = self
+            .window_context
+            .get_or_init(|| RegistrationContext::new(&self.devices[0]).map(Arc::new).map_err(|e| e.to_string()));
+        match made {
+            Ok(c) => (Some(Arc::clone(c)), WindowContext::SecondContext),
+            Err(reason) => (None, WindowContext::PrimaryContext { reason: reason.clone() }),
+        }
+    }
 }
