@@ -103,6 +103,19 @@ fn parse_demo_size(v: &str) -> Result<u64, String> {
     }
 }
 
+/// `THREADS,SLOT,PER_THREAD` for the ring-cache row, e.g. `8,4M,4`.
+fn parse_ring_cache(v: &str) -> Result<(usize, usize, usize), String> {
+    let parts: Vec<&str> = v.split(',').collect();
+    let [t, s, k] = parts[..] else { return Err("give THREADS,SLOT,SLOTS_PER_THREAD, e.g. 8,4M,4".into()) };
+    let threads: usize = t.trim().parse().map_err(|e| format!("threads: {e}"))?;
+    let slot = parse_size(s)?;
+    let per: usize = k.trim().parse().map_err(|e| format!("slots per thread: {e}"))?;
+    if !(1..=1024).contains(&threads) || !(1..=64).contains(&per) || !(4096..=(1 << 30)).contains(&slot) {
+        return Err("threads 1-1024, slot 4 KiB-1 GiB, slots per thread 1-64".into());
+    }
+    Ok((threads, slot as usize, per))
+}
+
 fn parse_budget(v: &str) -> Result<u64, String> {
     match parse_size(v)? {
         s if s < 4096 => Err("must be at least 4 KiB".into()),
@@ -137,6 +150,10 @@ pub struct Options {
     /// the target rows, auto and ring-cache, at least 5 unless --quick)
     #[arg(long, value_name = "N", value_parser = parse_count)]
     pub reps: Option<usize>,
+
+    /// The ring-cache row's shape: THREADS,SLOT,SLOTS_PER_THREAD (default 8,4M,4: 128 MiB pinned)
+    #[arg(long, value_name = "T,SLOT,K", value_parser = parse_ring_cache, default_value = "8,4M,4")]
+    pub ring_cache: (usize, usize, usize),
 
     /// Most filler threads for the pinned ring (default: the number of cores; at most 1024)
     #[arg(long, value_name = "N", value_parser = parse_count)]

@@ -537,9 +537,8 @@ pub fn direct_for(threads: usize, budget: u64) -> Strategy {
     Strategy::Direct { slots, slot: slot_within(budget, slots, 16 * MIB), threads: t }
 }
 
-/// The cache-sized ring the targets name: 32 slots of 4 MiB (128 MiB pinned), 8 threads.
-pub const RING_CACHE: Strategy = Strategy::Ring { slots: 32, slot: 4 << 20, threads: 8 };
-/// Its own pin budget: what the target allows it.
+/// The cache-sized ring's own pin budget (its shape is `--ring-cache`,
+/// default 8 threads with 4 slots of 4 MiB each): what the target allows it.
 pub const RING_CACHE_BUDGET: u64 = 128 * MIB;
 
 /// Ring filler-thread counts: 1, 4, 8 and the maximum, up to the maximum.
@@ -603,7 +602,10 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
             "the ring alone, cache-sized: slots of 4 MiB that stay in the CPU cache between the memcpy and the DMA, \
                     4 per thread, within a 128 MiB budget of its own"
                 .to_string();
-        let mut spec = lib("ring-cache", what, RING_CACHE, PinBudget::new(RING_CACHE_BUDGET), false);
+        let (threads, slot, per) = b.opts.ring_cache;
+        let strategy = Strategy::Ring { slots: threads * per, slot, threads };
+        let budget = PinBudget::new(((threads * per * slot) as u64).max(RING_CACHE_BUDGET));
+        let mut spec = lib("ring-cache", what, strategy, budget, false);
         spec.reps = target_reps;
         rows.push(library(b, data, &mut dest, spec)?);
     }
