@@ -357,3 +357,59 @@ pub fn quiet_expected_panics() {
 #[doc = include_str!("../../cuda-safe/README.md")]
 #[doc = include_str!("../../pinned-mem/README.md")]
 pub mod readme_examples {}
+
+/// Anonymous pages holding a copy of some bytes, optionally made read-only: host
+/// memory the tests register in place (`HostMemory`), unmapped on drop.
+/// Registrations whose Drop fails leak their memory by design; with this type
+/// that is a mapping, not a heap block (LeakSanitizer stays quiet about leaks
+/// the tests make on purpose).
+#[derive(Debug)]
+pub struct Pages {
+    ptr: *mut u8,
+    len: usize,
+}
+// SAFETY: the mapping is owned by the value.
+unsafe impl Send for Pages {}
+// SAFETY: shared access only reads it.
+unsafe impl Sync for Pages {}
+impl Pages {
+    /// Fresh pages holding `data` (writable).
+    pub fn new(data: &[u8]) -> Pages {
+        Pages::with(data, false)
+    }
+
+    /// Fresh pages holding `data`, then `mprotect`-ed read-only when asked.
+    pub fn with(data: &[u8], read_only: bool) -> Pages {
+        let len = data.len();
+        let (prot, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh anonymous mapping; checked below.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        // SAFETY: `len` writable bytes, disjoint from `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.cast::<u8>(), len) };
+        // SAFETY: our own mapping.
+        assert!(!read_only || unsafe { libc::mprotect(ptr, len, libc::PROT_READ) } == 0);
+        Pages { ptr: ptr.cast(), len }
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` readable bytes, mapped while `self` lives, written only in `with`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+// SAFETY: the mapping stays at the same address until Drop; only read while registered.
+unsafe impl wirespeed_cuda::HostMemory for Pages {
+    fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}

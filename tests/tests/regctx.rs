@@ -17,7 +17,7 @@ use wirespeed_cuda::{
     Device, DeviceBuffer, Error, HostRegistration, RegisterFlags, RegistrationContext, Stream, host_flags, pointer_kind,
 };
 use wirespeed_pinned::{MappedFile, PinBudget, PinOptions, PinnedRange};
-use wirespeed_tests::{Ctx, TempDir, open_mapped, pattern, start, start_emulated, write_pattern_file};
+use wirespeed_tests::{Ctx, Pages, TempDir, open_mapped, pattern, start, start_emulated, write_pattern_file};
 
 fn dev() -> Device {
     Device::get(0).expect("device 0")
@@ -49,52 +49,6 @@ fn file(dir: &TempDir, seed: u64, len: usize) -> (Arc<MappedFile>, Vec<u8>) {
     let path = dir.join(&format!("f{seed}.bin"));
     let data = write_pattern_file(&path, seed, len);
     (open_mapped(&path).unwrap(), data)
-}
-
-/// Anonymous pages holding a copy of `data` (then made read-only with
-/// `read_only`): two of them never share a page, as two heap buffers may, so
-/// both can be registered at once.
-struct Pages {
-    ptr: *mut u8,
-    len: usize,
-}
-// SAFETY: the mapping is owned by the value.
-unsafe impl Send for Pages {}
-// SAFETY: shared access only reads it.
-unsafe impl Sync for Pages {}
-impl Pages {
-    fn new(data: &[u8], read_only: bool) -> Pages {
-        let len = data.len();
-        let (prot, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
-        // SAFETY: a fresh anonymous mapping; checked below.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        // SAFETY: `len` writable bytes, disjoint from `data`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.cast::<u8>(), len) };
-        // SAFETY: our own mapping.
-        assert!(!read_only || unsafe { libc::mprotect(ptr, len, libc::PROT_READ) } == 0);
-        Pages { ptr: ptr.cast(), len }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `len` readable bytes, mapped while `self` lives, written only in `new`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-// SAFETY: the mapping stays at the same address until Drop; only read while registered.
-unsafe impl wirespeed_cuda::HostMemory for Pages {
-    fn as_ptr(&self) -> *const u8 {
-        self.ptr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-}
-impl Drop for Pages {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 type Registered = HostRegistration<Pages>;
@@ -403,8 +357,7 @@ fn many_cycles_with_copies_in_flight_on_several_streams() {
                 let mut prev: Option<(Registered, Vec<u8>)> = None;
                 for i in 0..CYCLES {
                     let data = pattern(100 * th + i as u64, CHUNK);
-                    let reg =
-                        HostRegistration::new_in(ctx, Pages::new(&data, false), RegisterFlags::default()).unwrap();
+                    let reg = HostRegistration::new_in(ctx, Pages::new(&data), RegisterFlags::default()).unwrap();
                     let slot = &mut dst[i % 2];
                     sa.copy_to_device(&reg.slice(..CHUNK / 2).unwrap(), &mut slot.slice_mut(..CHUNK / 2).unwrap())
                         .unwrap()
@@ -642,7 +595,7 @@ fn a_refused_context_is_a_typed_error_and_the_primary_context_still_works() {
 
 /// Registers a read-only private mapping without the read-only flag.
 fn unwritable_without_read_only(ctx: &Arc<RegistrationContext>) -> Error {
-    HostRegistration::new_in(ctx, Pages::new(&[5u8; 4096], true), RegisterFlags::default()).unwrap_err()
+    HostRegistration::new_in(ctx, Pages::with(&[5u8; 4096], true), RegisterFlags::default()).unwrap_err()
 }
 
 // ------------------------------------------------------------------ leaks
@@ -673,7 +626,7 @@ fn forget_child() {
     let raw = ctx.as_raw();
     let s = Stream::new(&d).unwrap();
     let data = pattern(6, 1 << 16);
-    let reg = HostRegistration::new_in(&ctx, Pages::new(&data, false), RegisterFlags::default()).unwrap();
+    let reg = HostRegistration::new_in(&ctx, Pages::new(&data), RegisterFlags::default()).unwrap();
     let mut g = DeviceBuffer::<u8>::new(&d, data.len()).unwrap();
     std::mem::forget(s.copy_to_device(&reg, &mut g).unwrap());
     let calls =
@@ -697,7 +650,7 @@ fn forget_child() {
 
         // An unregister that fails twice leaks too (memory and context).
         let ctx = Arc::new(RegistrationContext::new(&d).unwrap());
-        let reg = HostRegistration::new_in(&ctx, Pages::new(&data, false), RegisterFlags::default()).unwrap();
+        let reg = HostRegistration::new_in(&ctx, Pages::new(&data), RegisterFlags::default()).unwrap();
         assert!(e.inject_fault("cuMemHostUnregister", 1, 999, false));
         assert!(e.inject_fault("cuMemHostUnregister", 2, 999, false));
         assert!(reg.into_inner().is_err());

@@ -11,11 +11,11 @@
 
 use std::sync::Arc;
 use wirespeed_cuda::{
-    Device, DeviceBuffer, Error, Event, EventOptions, HostMemory, HostRegistration, PinnedBuffer, PinnedFlags,
-    RegisterFlags, Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind, runtime_info,
+    Device, DeviceBuffer, Error, Event, EventOptions, HostRegistration, PinnedBuffer, PinnedFlags, RegisterFlags,
+    Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind, runtime_info,
 };
 use wirespeed_cuda_sys::cudaError_t;
-use wirespeed_tests::{Ctx, pattern, start_emulated};
+use wirespeed_tests::{Ctx, Pages, pattern, start_emulated};
 
 fn dev() -> Device {
     Device::get(0).expect("device 0")
@@ -50,46 +50,6 @@ fn expect_fault<T>(r: Result<T, Error>, call: &str, code: u32) -> Error {
 fn clear_last_error() {
     // SAFETY: no arguments.
     unsafe { (api().cudaGetLastError)() };
-}
-
-/// Anonymous pages owned by the value. Registrations whose Drop fails leak
-/// their memory by design; with this type that is a mapping, not a heap block
-/// (LeakSanitizer stays quiet about leaks the tests make on purpose).
-#[derive(Debug)]
-struct Pages {
-    ptr: *mut u8,
-    len: usize,
-}
-// SAFETY: the mapping is owned by the value.
-unsafe impl Send for Pages {}
-// SAFETY: shared access only reads it.
-unsafe impl Sync for Pages {}
-impl Pages {
-    fn new(data: &[u8]) -> Pages {
-        let len = data.len();
-        let (prot, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
-        // SAFETY: a fresh anonymous mapping; checked below.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        // SAFETY: `len` writable bytes, disjoint from `data`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.cast::<u8>(), len) };
-        Pages { ptr: ptr.cast(), len }
-    }
-}
-// SAFETY: the mapping stays at the same address until Drop; only read while registered.
-unsafe impl HostMemory for Pages {
-    fn as_ptr(&self) -> *const u8 {
-        self.ptr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-}
-impl Drop for Pages {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 macro_rules! fault_tests {
