@@ -88,5 +88,5 @@ pub use memlock::{memlock_headroom, memlock_limit};
 pub use range::{PinOptions, PinnedRange};
 pub use ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing, SlotSource};
 pub use strategy::Strategy;
-pub use streamer::{Progress, Report, StreamConfig, Streamer};
+pub use streamer::{Progress, Report, StartOptions, StreamConfig, Streamer, Transfer};
 pub use util::Bytes;
