@@ -498,7 +498,27 @@ fn start_and_its_transfer_report_errors() {
     let seen = seen.lock().unwrap();
     assert!(!seen.is_empty());
     assert!(seen.iter().all(|r| r.as_ref().is_err_and(|e| e.contains("inside a callback"))), "{seen:?}");
-    drop((s, s2, buf, words, dst));
+    drop(s2);
+
+    // Waiting for a transfer from inside a callback of its streamer (here a
+    // chunk callback, which holds the streamer): refused, not a deadlock.
+    let mut other = DeviceBuffer::<u8>::new(&dev, 4096).unwrap();
+    let mut pending = Some(s.start(&file, 0..4096, &mut other).unwrap());
+    let mut inner = None;
+    s.for_each_chunk(&file, 0..8192, 4096, |_, _, _, _| {
+        if let Some(tr) = pending.take() {
+            let mine = Stream::new(&dev)?;
+            inner =
+                Some((tr.then_on(&mine).map_err(|e| e.to_string()), tr.wait().map(|_| ()).map_err(|e| e.to_string())));
+        }
+        Ok(())
+    })
+    .unwrap();
+    let (then_on, wait) = inner.unwrap();
+    assert!(then_on.is_err_and(|e| e.contains("inside a callback")));
+    assert!(wait.is_err_and(|e| e.contains("inside a callback")));
+    drop(pending);
+    drop((s, buf, words, dst, other));
     t.assert_clean();
 }
 

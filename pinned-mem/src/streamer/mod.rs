@@ -92,7 +92,10 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// It keeps one stream per device, the whole-file registrations it made (so a
 /// second pass over the same file costs no registration) and its pinned ring
 /// (allocated once), all drawn from the budget until
-/// [`Streamer::release_pins`] or drop. Calls are serialized.
+/// [`Streamer::release_pins`] or drop. Calls are serialized: transfers
+/// started with [`Streamer::start`] run on a worker thread of the streamer,
+/// one at a time and in order, blocking calls on the calling thread in
+/// between. Dropping the streamer waits for the transfers it started.
 ///
 /// ```no_run
 /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
@@ -467,7 +470,7 @@ impl Streamer {
         let state = Arc::new(TransferState::default());
         let job = Job { file: file.clone(), range, dst: dst.detach(), stream, after, state: state.clone() };
         self.submit(job)?;
-        Ok(Transfer::new(state))
+        Ok(Transfer::new(state, s))
     }
 
     /// Moves file bytes `range`, of any size, through `scratch`: the byte at

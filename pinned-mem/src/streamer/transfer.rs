@@ -124,6 +124,8 @@ impl<'s> StartOptions<'s> {
 #[must_use = "a transfer runs in the background: wait() for it, poll it, or drop it to let it run unobserved"]
 pub struct Transfer<'a> {
     state: Arc<TransferState>,
+    /// To refuse blocking calls from inside the streamer's callbacks.
+    streamer: &'a Shared,
     _borrows: PhantomData<&'a mut ()>,
 }
 
@@ -134,11 +136,13 @@ impl std::fmt::Debug for Transfer<'_> {
     }
 }
 
-impl Transfer<'_> {
-    pub(super) fn new(state: Arc<TransferState>) -> Self {
-        Transfer { state, _borrows: PhantomData }
+impl<'a> Transfer<'a> {
+    pub(super) fn new(state: Arc<TransferState>, streamer: &'a Shared) -> Self {
+        Transfer { state, streamer, _borrows: PhantomData }
     }
+}
 
+impl Transfer<'_> {
     /// True once the transfer has ended, successfully or not: its copies have
     /// completed (or it failed) and [`Transfer::wait`] will not block. Once
     /// true for a transfer that succeeded, the destination's data is there,
@@ -189,8 +193,11 @@ impl Transfer<'_> {
     /// [`Error::Cuda`], [`Error::Io`], [`Error::FileChanged`], ...);
     /// [`Error::WorkerPanicked`] when the worker thread panicked running it
     /// (in a progress callback, say); [`Error::InvalidArgument`] when its
-    /// result was already taken by awaiting it.
+    /// result was already taken by awaiting it, or when called from inside a
+    /// callback of the same streamer (the transfer would wait for the
+    /// callback, and the callback for it).
     pub fn wait(self) -> Result<Report> {
+        self.streamer.refuse_inside_callback("Transfer::wait")?;
         let mut st = self.state.status();
         while st.phase != Phase::Finished {
             st = self.state.wait(st);
@@ -241,8 +248,11 @@ impl Transfer<'_> {
     ///
     /// # Errors
     /// [`Error::TransferFailed`] when the transfer failed before its copies
-    /// were all enqueued; CUDA's error from `cudaStreamWaitEvent`.
+    /// were all enqueued; [`Error::InvalidArgument`] from inside a callback of
+    /// the same streamer (it would wait for itself); CUDA's error from
+    /// `cudaStreamWaitEvent`.
     pub fn then_on(&self, stream: &Stream) -> Result<()> {
+        self.streamer.refuse_inside_callback("Transfer::then_on")?;
         let mut st = self.state.status();
         loop {
             match st.phase {
