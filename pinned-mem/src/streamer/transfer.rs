@@ -283,6 +283,31 @@ impl Future for Transfer<'_> {
 
     /// Ready with [`Transfer::wait`]'s answer once the transfer has ended;
     /// until then the worker thread keeps the latest waker and wakes it then.
+    /// Any executor will do; here, none:
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-poll-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![5u8; 4096])?;
+    /// # use wirespeed_pinned::*;
+    /// use std::future::Future;
+    /// use std::task::{Context, Poll, Waker};
+    /// # let dev = wirespeed_cuda::Device::get(0)?;
+    /// # let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 20)))?;
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4096)?;
+    /// let mut transfer = std::pin::pin!(streamer.start(&file, 0..4096, &mut dst)?);
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// let report = loop {
+    ///     if let Poll::Ready(r) = transfer.as_mut().poll(&mut cx) {
+    ///         break r?;
+    ///     }
+    ///     std::thread::yield_now(); // (an executor would sleep until woken)
+    /// };
+    /// assert_eq!(report.bytes, 4096);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut st = self.state.status();
         if st.phase == Phase::Finished {
