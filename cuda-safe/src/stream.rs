@@ -385,14 +385,24 @@ impl Fence {
     /// for the writers holding part of `span` to release it.
     #[inline]
     fn lock_settled(&self, span: &Span) -> SpinGuard<'_, FenceState> {
+        let g = self.state.lock();
+        if g.holds.is_empty() {
+            return g;
+        }
+        self.lock_settled_slow(g, span)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_settled_slow<'a>(&'a self, mut g: SpinGuard<'a, FenceState>, span: &Span) -> SpinGuard<'a, FenceState> {
         loop {
-            let g = self.state.lock();
             let waiting = g.unreleased(span);
             if waiting.is_empty() {
                 return g;
             }
             drop(g);
             waiting.iter().for_each(|h| drop(h.wait_released()));
+            g = self.state.lock();
         }
     }
 }
@@ -425,7 +435,8 @@ impl FenceState {
 
     /// Waits (no lock is held: `self` is exclusively borrowed) until the
     /// holds on `span` are released.
-    #[inline]
+    #[cold]
+    #[inline(never)]
     fn settle(&mut self, span: &Span) {
         for h in self.unreleased(span) {
             drop(h.wait_released());
@@ -775,7 +786,9 @@ impl Stream {
             return self.enqueue_into_part(read, write.target(), wspan, enqueue);
         }
         let w = write.state.get_mut();
-        w.settle(&wspan);
+        if !w.holds.is_empty() {
+            w.settle(&wspan);
+        }
         let mut r = read.map(|(f, span)| (f.target().lock_settled(&span), span));
         if let Some((r, span)) = &r {
             r.order_read(on, span)?;
