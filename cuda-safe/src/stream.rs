@@ -454,9 +454,13 @@ impl FenceState {
 
     /// Orders `on` after the holds on `span` (their writes only, unless
     /// `with_reads`), which are released (see [`Fence::lock_settled`]).
+    /// First forgets the holds released whose work has finished, so that the
+    /// operations after a detached writer take this slow path only until it
+    /// is known done.
     #[cold]
     #[inline(never)]
-    fn order_holds(&self, on: &StreamInner, span: &Span, with_reads: bool) -> Result<()> {
+    fn order_holds(&mut self, on: &StreamInner, span: &Span, with_reads: bool) -> Result<()> {
+        self.holds.retain(|h| !FenceState::hold_idle(h));
         let held: Vec<_> = self.holds.iter().filter(|h| overlaps(&h.span, span)).cloned().collect();
         for u in collect_uses(held, with_reads, true).unwrap_or_default() {
             if Fence::pending_elsewhere(&u, on) {
@@ -470,7 +474,7 @@ impl FenceState {
 
     /// Orders `on` after the last write (for an operation reading `span`).
     #[inline]
-    fn order_read(&self, on: &StreamInner, span: &Span) -> Result<()> {
+    fn order_read(&mut self, on: &StreamInner, span: &Span) -> Result<()> {
         if !self.holds.is_empty() {
             self.order_holds(on, span, false)?;
         }
@@ -482,7 +486,7 @@ impl FenceState {
 
     /// Orders `on` after every use (for an operation writing `span`).
     #[inline]
-    fn order_write(&self, on: &StreamInner, span: &Span) -> Result<()> {
+    fn order_write(&mut self, on: &StreamInner, span: &Span) -> Result<()> {
         match &self.write {
             Some(u) if Fence::pending_elsewhere(u, on) => self.order_write_slow(on, span),
             _ if self.read.is_some() || !self.holds.is_empty() => self.order_write_slow(on, span),
@@ -492,7 +496,7 @@ impl FenceState {
 
     #[cold]
     #[inline(never)]
-    fn order_write_slow(&self, on: &StreamInner, span: &Span) -> Result<()> {
+    fn order_write_slow(&mut self, on: &StreamInner, span: &Span) -> Result<()> {
         for u in self.write.iter().chain(self.reads()) {
             if Fence::pending_elsewhere(u, on) {
                 on.order_after(&u.stream, u.seq)?;
@@ -790,7 +794,7 @@ impl Stream {
             w.settle(&wspan);
         }
         let mut r = read.map(|(f, span)| (f.target().lock_settled(&span), span));
-        if let Some((r, span)) = &r {
+        if let Some((r, span)) = &mut r {
             r.order_read(on, span)?;
         }
         w.order_write(on, &wspan)?;
@@ -844,7 +848,10 @@ impl Stream {
                 continue;
             }
             if let Some((_, span)) = &read {
-                r.as_deref().unwrap_or(&*w).order_read(on, span)?;
+                match r.as_deref_mut() {
+                    Some(r) => r.order_read(on, span)?,
+                    None => w.order_read(on, span)?,
+                }
             }
             w.order_write(on, &wspan)?;
             let seq = on.submit(enqueue)?;
