@@ -31,6 +31,20 @@
 //!    memory registered in a [`RegistrationContext`] (a second driver context,
 //!    whose unregister does not wait for copies): the registration waits for
 //!    its fence before it unregisters, and a leaked one is never unregistered.
+//! 4. **Holds for detached writers.** A writable view can be handed to a
+//!    writer that enqueues its work later, from another thread (a file
+//!    transfer running on a worker thread): [`DeviceSliceMut::detach`] ends
+//!    the borrow and records a *hold* on the span in the buffer's fence. Until
+//!    the writer releases it (dropping its [`DetachedSliceMut`], which hands
+//!    over the record of what it enqueued), the buffer's `Drop`, host access
+//!    and operations on that span block, because what the writer will still
+//!    enqueue is not known. Leaking the writer leaves the hold: the owner
+//!    blocks or leaks, it never frees or reads memory under a copy.
+//!
+//! Device memory allocated elsewhere (another library's buffer) enters through
+//! the `unsafe` [`DeviceSliceMut::from_raw_parts`], whose contract says what
+//! the caller vouches for; parts of one buffer written at once come from
+//! [`DeviceBuffer::split_at_mut`].
 //!
 //! Pageable memory (`&[T]`) implements none of the source traits: it reaches
 //! the device only through the explicitly synchronous
@@ -89,9 +103,9 @@ pub use context::RegistrationContext;
 pub use device::{Device, RuntimeInfo, runtime_info};
 pub use error::{Error, Result, STICKY_CODES};
 pub use memory::{
-    DeviceBuffer, DeviceSink, DeviceSlice, DeviceSliceMut, DeviceSource, HostMemory, HostRegistration, HostSink,
-    HostSource, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod, RegisterFlags, host_device_pointer,
-    host_flags, pointer_kind,
+    DetachedSliceMut, DeviceBuffer, DeviceSink, DeviceSlice, DeviceSliceMut, DeviceSource, HostMemory,
+    HostRegistration, HostSink, HostSource, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod, RegisterFlags,
+    host_device_pointer, host_flags, pointer_kind,
 };
 pub use stream::{Event, EventOptions, Fence, Pending, Stream, StreamOptions};
 

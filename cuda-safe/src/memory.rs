@@ -9,7 +9,7 @@ use crate::context::RegistrationContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::raw;
-use crate::stream::{Fence, Pending, Stream};
+use crate::stream::{Fence, Hold, Pending, Stream, span_of};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, Range, RangeBounds};
@@ -185,7 +185,13 @@ impl<T: Pod> DeviceBuffer<T> {
     /// [`Error::InvalidArgument`] when out of bounds.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
         let r = to_range(range, self.len, "DeviceBuffer::slice")?;
-        Ok(DeviceSlice { buf: self, range: r })
+        Ok(DeviceSlice {
+            ptr: self.ptr.wrapping_add(r.start),
+            len: r.len(),
+            device: self.device,
+            fence: &self.fence,
+            _p: PhantomData,
+        })
     }
 
     /// A view of `range` that operations can write.
@@ -194,7 +200,41 @@ impl<T: Pod> DeviceBuffer<T> {
     /// [`Error::InvalidArgument`] when out of bounds.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
         let r = to_range(range, self.len, "DeviceBuffer::slice_mut")?;
-        Ok(DeviceSliceMut { buf: self, range: r })
+        Ok(DeviceSliceMut {
+            ptr: self.ptr.wrapping_add(r.start),
+            len: r.len(),
+            device: self.device,
+            fence: ViewFence::Buffer(&mut self.fence),
+            _p: PhantomData,
+        })
+    }
+
+    /// Two writable views, of `..mid` and `mid..`, usable at once (by two
+    /// streams, two threads, two transfers). Both record their operations in
+    /// the buffer's one fence, so host access and `Drop` wait for both.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+    /// let dev = Device::get(0)?;
+    /// let (s1, s2) = (Stream::new(&dev)?, Stream::new(&dev)?);
+    /// let mut buf = DeviceBuffer::<u16>::new(&dev, 1000)?;
+    /// let (mut low, mut high) = buf.split_at_mut(400)?;
+    /// s1.memset(&mut low, 0x01)?.detach();
+    /// s2.memset(&mut high, 0x02)?.detach();
+    /// let v = buf.to_vec()?; // waits for both
+    /// assert_eq!((v[399], v[400]), (0x0101, 0x0202));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `mid > len`.
+    pub fn split_at_mut(&mut self, mid: usize) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>)> {
+        if mid > self.len {
+            return Err(Error::invalid("DeviceBuffer::split_at_mut", format!("{mid} is past the end ({})", self.len)));
+        }
+        Ok(split_view(self.ptr, self.len, self.device, &self.fence, mid))
     }
 
     /// Copies `src` (any host memory) in, synchronously, after every stream has
@@ -291,16 +331,665 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
     }
 }
 
-/// A read-only view of part of a [`DeviceBuffer`].
+/// A read-only view of part of a [`DeviceBuffer`] (or of a writable view).
 pub struct DeviceSlice<'a, T: Pod> {
-    buf: &'a DeviceBuffer<T>,
-    range: Range<usize>,
+    ptr: *const T,
+    len: usize,
+    device: Device,
+    fence: &'a Fence,
+    _p: PhantomData<&'a [T]>,
 }
 
-/// A writable view of part of a [`DeviceBuffer`].
+/// A writable view of part of a [`DeviceBuffer`], of device memory allocated
+/// elsewhere ([`DeviceSliceMut::from_raw_parts`]), or of a
+/// [`DetachedSliceMut`]. `&mut DeviceBuffer` converts into a view of all of it.
 pub struct DeviceSliceMut<'a, T: Pod> {
-    buf: &'a mut DeviceBuffer<T>,
-    range: Range<usize>,
+    ptr: *mut T,
+    len: usize,
+    device: Device,
+    fence: ViewFence<'a>,
+    _p: PhantomData<&'a mut [T]>,
+}
+
+/// Where a writable view records its operations.
+enum ViewFence<'a> {
+    /// The fence of the buffer (or of the view) it borrows exclusively.
+    Buffer(&'a mut Fence),
+    /// A fence of its own: one that records into the fence of the buffer it
+    /// is a part of ([`Fence::part_of`]: `split_at_mut`), or a fresh one
+    /// (`from_raw_parts`: the caller vouches for the memory).
+    Own(Fence),
+}
+
+impl ViewFence<'_> {
+    fn get(&self) -> &Fence {
+        match self {
+            ViewFence::Buffer(f) => f,
+            ViewFence::Own(f) => f,
+        }
+    }
+
+    fn get_mut(&mut self) -> &mut Fence {
+        match self {
+            ViewFence::Buffer(f) => f,
+            ViewFence::Own(f) => f,
+        }
+    }
+}
+
+// SAFETY: a DeviceSlice is a shared view of device memory, like `&[T]` with T: Sync;
+// its fence is Sync.
+unsafe impl<T: Pod> Send for DeviceSlice<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T: Pod> Sync for DeviceSlice<'_, T> {}
+// SAFETY: a DeviceSliceMut is an exclusive view, like `&mut [T]` with T: Send;
+// its fence is Send and Sync.
+unsafe impl<T: Pod> Send for DeviceSliceMut<'_, T> {}
+// SAFETY: shared access to a DeviceSliceMut only enqueues reads, ordered by the fence's lock.
+unsafe impl<T: Pod> Sync for DeviceSliceMut<'_, T> {}
+
+/// The views of `..mid` and `mid..` of `len` values at `ptr`, recording into
+/// `fence` (`mid <= len`, checked by the callers).
+fn split_view<'a, T: Pod>(
+    ptr: *mut T,
+    len: usize,
+    device: Device,
+    fence: &'a Fence,
+    mid: usize,
+) -> (DeviceSliceMut<'a, T>, DeviceSliceMut<'a, T>) {
+    let part = |ptr: *mut T, len| DeviceSliceMut {
+        ptr,
+        len,
+        device,
+        fence: ViewFence::Own(Fence::part_of(fence)),
+        _p: PhantomData,
+    };
+    (part(ptr, mid), part(ptr.wrapping_add(mid), len - mid))
+}
+
+impl<T: Pod> DeviceSlice<'_, T> {
+    /// Number of values.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;
+    /// assert_eq!(buf.slice(2..)?.len(), 8);
+    /// # Ok(()) }
+    /// ```
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds no value.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;
+    /// assert!(buf.slice(10..)?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device the memory is on.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;
+    /// assert_eq!(buf.slice(..)?.device(), dev);
+    /// # Ok(()) }
+    /// ```
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// A view of `range` of this view.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let buf = wirespeed_cuda::DeviceBuffer::<u32>::zeroed(&dev, 100)?;
+    /// let view = buf.slice(10..90)?;
+    /// assert_eq!(view.slice(..20)?.len(), 20);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
+        let r = to_range(range, self.len, "DeviceSlice::slice")?;
+        Ok(DeviceSlice {
+            ptr: self.ptr.wrapping_add(r.start),
+            len: r.len(),
+            device: self.device,
+            fence: self.fence,
+            _p: PhantomData,
+        })
+    }
+}
+
+impl<'a, T: Pod> From<&'a mut DeviceBuffer<T>> for DeviceSliceMut<'a, T> {
+    /// A writable view of the whole buffer.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut};
+    /// let mut buf = DeviceBuffer::<u8>::new(&Device::get(0)?, 64)?;
+    /// let view = DeviceSliceMut::from(&mut buf);
+    /// assert_eq!(view.len(), 64);
+    /// # Ok(()) }
+    /// ```
+    fn from(buf: &'a mut DeviceBuffer<T>) -> Self {
+        DeviceSliceMut {
+            ptr: buf.ptr,
+            len: buf.len,
+            device: buf.device,
+            fence: ViewFence::Buffer(&mut buf.fence),
+            _p: PhantomData,
+        }
+    }
+}
+
+impl<'b, T: Pod> From<&'b mut DeviceSliceMut<'_, T>> for DeviceSliceMut<'b, T> {
+    /// The same view, reborrowed (to pass it on without giving it up).
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut};
+    /// let mut buf = DeviceBuffer::<u8>::new(&Device::get(0)?, 64)?;
+    /// let mut view = buf.slice_mut(8..)?;
+    /// assert_eq!(DeviceSliceMut::from(&mut view).len(), 56);
+    /// assert_eq!(view.len(), 56); // still ours
+    /// # Ok(()) }
+    /// ```
+    fn from(view: &'b mut DeviceSliceMut<'_, T>) -> Self {
+        DeviceSliceMut {
+            ptr: view.ptr,
+            len: view.len,
+            device: view.device,
+            fence: ViewFence::Buffer(view.fence.get_mut()),
+            _p: PhantomData,
+        }
+    }
+}
+
+impl<'a, T: Pod> DeviceSliceMut<'a, T> {
+    /// A writable view of device memory that this crate did not allocate
+    /// (another library's buffer: cudarc's `CudaSlice`, a framework's tensor,
+    /// `cudaMallocAsync`), for as long as `'a`, which the caller chooses.
+    ///
+    /// Operations through the view (and its parts, and a [`DetachedSliceMut`]
+    /// made from it) are ordered among themselves like any buffer's, but
+    /// nothing here knows of the memory's other users: the contract below is
+    /// how they stay apart. Ordering with work of the other library goes
+    /// through streams: see `wirespeed_pinned`'s `Transfer::then_on` and
+    /// `StartOptions::after`, or [`Stream::wait_event`] and [`Stream::record`].
+    ///
+    /// Checks what it can: `ptr` aligned for `T`, the byte length within
+    /// `isize`, and (for `len > 0`) the runtime knowing `ptr` as device (or
+    /// managed) memory of `device`; only the first address is looked up.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut, PinnedBuffer, Stream};
+    /// let dev = Device::get(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// // Memory from elsewhere: here a buffer whose address is all we pass on.
+    /// let backing = DeviceBuffer::<f32>::zeroed(&dev, 256)?;
+    /// let host = PinnedBuffer::from_slice(&[2.5f32; 256])?;
+    /// // SAFETY: `backing` is device memory of `dev`, alive until the end of
+    /// // the block, and nothing else touches it until `wait` returns.
+    /// let mut view = unsafe { DeviceSliceMut::from_raw_parts(backing.as_raw_ptr(), 256, dev) }?;
+    /// stream.copy_to_device(&host, &mut view)?.wait()?;
+    /// assert_eq!(backing.to_vec()?[255], 2.5);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    /// From this call until every operation given the view (or a part of it,
+    /// or a [`DetachedSliceMut`] made from it) is *observed complete*:
+    ///
+    /// * `ptr .. ptr + len` is device memory of `device`, allocated and not
+    ///   freed (nor given back to a pool), in the context the runtime uses for
+    ///   `device` (its primary context, which cudarc and the frameworks use too);
+    /// * nothing else reads or writes that memory: no kernel, copy or memset
+    ///   of another library or stream, no other view of it, except work that
+    ///   the caller orders after those operations through a stream as below.
+    ///
+    /// An operation is *observed complete* once a wait on it returned (its
+    /// [`Pending::wait`], a [`Stream::synchronize`] of its stream, or, for a
+    /// `wirespeed_pinned` transfer, `Transfer::wait` or `Transfer::is_done`
+    /// returning done), and, for work on a stream, once that work was enqueued
+    /// after an event or wait that follows the operation (for a transfer,
+    /// work enqueued on a stream after `Transfer::then_on(stream)` returned;
+    /// that work, and only it, may touch the memory). Dropping or leaking the
+    /// view or a handle observes nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a misaligned pointer, a length whose
+    /// bytes overflow `isize`, or memory that the runtime does not know as
+    /// device memory of `device`; the runtime's error from
+    /// `cudaPointerGetAttributes`.
+    pub unsafe fn from_raw_parts(ptr: *mut T, len: usize, device: Device) -> Result<DeviceSliceMut<'a, T>> {
+        const CALL: &str = "DeviceSliceMut::from_raw_parts";
+        let bytes = bytes_of::<T>(len, CALL)?;
+        if bytes > isize::MAX as usize {
+            return Err(Error::invalid(CALL, format!("{bytes} bytes exceed isize::MAX")));
+        }
+        if !ptr.is_aligned() {
+            return Err(Error::invalid(CALL, format!("{ptr:p} is not aligned for its type")));
+        }
+        if bytes > 0 {
+            let (kind, dev) = raw::pointer_attributes(ptr.cast_const().cast())?;
+            // 2: device memory, 3: managed memory (cudaMemoryType).
+            if !matches!(kind, 2 | 3) || dev != device.ordinal() as i32 {
+                return Err(Error::invalid(
+                    CALL,
+                    format!(
+                        "{ptr:p} is not device memory of device {} (memory type {kind}, device {dev})",
+                        device.ordinal()
+                    ),
+                ));
+            }
+        }
+        Ok(DeviceSliceMut { ptr, len, device, fence: ViewFence::Own(Fence::default()), _p: PhantomData })
+    }
+
+    /// Number of values.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&wirespeed_cuda::Device::get(0)?, 10)?;
+    /// assert_eq!(buf.slice_mut(3..)?.len(), 7);
+    /// # Ok(()) }
+    /// ```
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds no value.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&wirespeed_cuda::Device::get(0)?, 10)?;
+    /// assert!(buf.slice_mut(..0)?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device the memory is on.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&dev, 10)?;
+    /// assert_eq!(buf.slice_mut(..)?.device(), dev);
+    /// # Ok(()) }
+    /// ```
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The device address, for calls this crate does not wrap (a kernel of
+    /// yours). Work given through it is not fenced: order it yourself.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&wirespeed_cuda::Device::get(0)?, 10)?;
+    /// let base = buf.as_raw_ptr();
+    /// assert_eq!(buf.slice_mut(4..)?.as_raw_ptr(), base.wrapping_add(4));
+    /// # Ok(()) }
+    /// ```
+    pub fn as_raw_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// A writable view of `range` of this view.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+    /// let dev = Device::get(0)?;
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&dev, 100)?;
+    /// let mut view = buf.slice_mut(10..)?;
+    /// Stream::new(&dev)?.memset(&mut view.slice_mut(..5)?, 9)?.wait()?;
+    /// assert_eq!(buf.to_vec()?[10..16], [9, 9, 9, 9, 9, 0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
+        let r = to_range(range, self.len, "DeviceSliceMut::slice_mut")?;
+        Ok(DeviceSliceMut {
+            ptr: self.ptr.wrapping_add(r.start),
+            len: r.len(),
+            device: self.device,
+            fence: ViewFence::Buffer(self.fence.get_mut()),
+            _p: PhantomData,
+        })
+    }
+
+    /// Two writable views, of `..mid` and `mid..`, usable at once, as
+    /// [`DeviceBuffer::split_at_mut`] (both record in the buffer's fence).
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+    /// let dev = Device::get(0)?;
+    /// let s = Stream::new(&dev)?;
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&dev, 30)?;
+    /// let mut tail = buf.slice_mut(10..)?;
+    /// let (mut a, mut b) = tail.split_at_mut(10)?;
+    /// s.memset(&mut a, 1)?.detach();
+    /// s.memset(&mut b, 2)?.detach();
+    /// assert_eq!(buf.to_vec()?[9..21], [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `mid > len`.
+    pub fn split_at_mut(&mut self, mid: usize) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>)> {
+        if mid > self.len {
+            return Err(Error::invalid(
+                "DeviceSliceMut::split_at_mut",
+                format!("{mid} is past the end ({})", self.len),
+            ));
+        }
+        Ok(split_view(self.ptr, self.len, self.device, self.fence.get(), mid))
+    }
+
+    /// The same memory as bytes (for byte-oriented producers, such as file
+    /// transfers), keeping the borrow and the fence.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<f64>::new(&dev, 8)?;
+    /// assert_eq!(buf.slice_mut(2..)?.into_bytes().len(), 48);
+    /// # Ok(()) }
+    /// ```
+    pub fn into_bytes(self) -> DeviceSliceMut<'a, u8> {
+        DeviceSliceMut {
+            ptr: self.ptr.cast(),
+            // At most isize::MAX bytes: a buffer's or checked by from_raw_parts.
+            len: self.len * size_of::<T>(),
+            device: self.device,
+            fence: self.fence,
+            _p: PhantomData,
+        }
+    }
+
+    /// Ends the borrow, handing the memory to a writer that enqueues its work
+    /// later, from any thread (a file transfer running on a worker thread,
+    /// say): see [`DetachedSliceMut`]. The buffer's fence records a *hold*
+    /// on this span, so that the buffer's `Drop`, host access and operations
+    /// on the span first wait for the detached writer to release it.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
+    /// let dev = Device::get(0)?;
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&dev, 1024)?;
+    /// let mut part = buf.slice_mut(512..)?.detach();
+    /// let worker = std::thread::spawn(move || -> wirespeed_cuda::Result<()> {
+    ///     let s = Stream::new(&dev)?;
+    ///     let src = PinnedBuffer::from_slice(&[7u8; 512])?;
+    ///     s.copy_to_device(&src, &mut part.slice_mut(..)?)?.detach();
+    ///     drop(part); // releases the hold: its copy is known to the buffer
+    ///     Ok(()) // (`src` waits for its copy as it drops)
+    /// });
+    /// let v = buf.to_vec()?; // waits for the release, then for the copy
+    /// assert_eq!((v[511], v[512]), (0, 7));
+    /// worker.join().unwrap()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn detach(mut self) -> DetachedSliceMut<T> {
+        let (fence, hold) = self.fence.get_mut().hold(span_of(self.ptr, self.len));
+        DetachedSliceMut { ptr: self.ptr, len: self.len, device: self.device, fence, hold }
+    }
+}
+
+/// A writable span of device memory taken out of its owner's borrow
+/// ([`DeviceSliceMut::detach`]): `'static` and `Send`, for a writer that
+/// enqueues its work later, from another thread, after the call that made it
+/// has returned (and the caller's borrow has ended).
+///
+/// The owner's fence keeps a *hold* on the span until this value is dropped
+/// ([`DetachedSliceMut::release`]); until then, the owner's `Drop`, its host
+/// access (`to_vec`, `copy_to_slice`, ...) and every operation on memory that
+/// overlaps the span block, because they cannot know yet what the writer will
+/// enqueue. On release the hold hands over the record of what was enqueued
+/// through this value, and they wait for exactly that. So nothing depends on
+/// a destructor running: leaking this value leaves the hold in place forever,
+/// and the owner can never free or read the memory (it blocks, or leaks it),
+/// rather than free memory that a copy may still write.
+///
+/// Operations through it ([`DetachedSliceMut::slice_mut`]) are first ordered
+/// after every use of the memory known when it was detached, including
+/// earlier detached writers of the span (waiting for their release when it
+/// has not come yet: see [`DetachedSliceMut::settle`]).
+///
+/// Holding one and, on the same thread, dropping or reading its owner blocks
+/// forever: release it first.
+///
+/// ```
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut, Stream};
+/// let dev = Device::get(0)?;
+/// let mut buf = DeviceBuffer::<u32>::zeroed(&dev, 64)?;
+/// let mut all = DeviceSliceMut::from(&mut buf).detach(); // `buf` is no longer borrowed
+/// let stream = Stream::new(&dev)?;
+/// stream.memset(&mut all.slice_mut(..32)?, 0xff)?.detach(); // recorded in `all`'s fence
+/// all.release(); // ... and now in `buf`'s
+/// let v = buf.to_vec()?; // waits for the memset
+/// assert_eq!((v[31], v[32]), (u32::MAX, 0));
+/// # Ok(()) }
+/// ```
+pub struct DetachedSliceMut<T: Pod> {
+    ptr: *mut T,
+    len: usize,
+    device: Device,
+    /// This writer's own record: it starts with the uses of the memory it
+    /// must follow, and is handed to the hold on release.
+    fence: Fence,
+    hold: Arc<Hold>,
+}
+
+// SAFETY: it stands for exclusive access to device memory that its owner keeps
+// allocated until the hold is released (like `&mut [T]` with T: Send); the
+// fence and the hold are Send and Sync.
+unsafe impl<T: Pod> Send for DetachedSliceMut<T> {}
+// SAFETY: shared access only makes read-only views, whose operations lock the fence.
+unsafe impl<T: Pod> Sync for DetachedSliceMut<T> {}
+
+impl<T: Pod> std::fmt::Debug for DetachedSliceMut<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DetachedSliceMut")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl<T: Pod> DetachedSliceMut<T> {
+    /// Number of values.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&wirespeed_cuda::Device::get(0)?, 10)?;
+    /// assert_eq!(buf.slice_mut(2..)?.detach().len(), 8);
+    /// # Ok(()) }
+    /// ```
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds no value.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&wirespeed_cuda::Device::get(0)?, 10)?;
+    /// assert!(buf.slice_mut(10..)?.detach().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device the memory is on.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&dev, 10)?;
+    /// assert_eq!(buf.slice_mut(..)?.detach().device(), dev);
+    /// # Ok(()) }
+    /// ```
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The device address, for calls this crate does not wrap. Work given
+    /// through it is not fenced: the hold's record will not include it.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::new(&wirespeed_cuda::Device::get(0)?, 10)?;
+    /// let base = buf.as_raw_ptr();
+    /// assert_eq!(buf.slice_mut(1..)?.detach().as_raw_ptr(), base.wrapping_add(1));
+    /// # Ok(()) }
+    /// ```
+    pub fn as_raw_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// A writable view of `range`, for operations recorded in this writer's
+    /// fence (and so handed to the owner on release).
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut, Stream};
+    /// let dev = Device::get(0)?;
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&dev, 100)?;
+    /// let mut detached = DeviceSliceMut::from(&mut buf).detach();
+    /// Stream::new(&dev)?.memset(&mut detached.slice_mut(50..)?, 1)?.detach();
+    /// detached.release();
+    /// assert_eq!(buf.to_vec()?[49..51], [0, 1]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
+        let r = to_range(range, self.len, "DetachedSliceMut::slice_mut")?;
+        Ok(DeviceSliceMut {
+            ptr: self.ptr.wrapping_add(r.start),
+            len: r.len(),
+            device: self.device,
+            fence: ViewFence::Buffer(&mut self.fence),
+            _p: PhantomData,
+        })
+    }
+
+    /// A read-only view of `range` (to check what was written, say).
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut, PinnedBuffer, Stream};
+    /// let dev = Device::get(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&dev, 100)?;
+    /// let detached = DeviceSliceMut::from(&mut buf).detach();
+    /// let mut back = PinnedBuffer::<u8>::new(10)?;
+    /// stream.copy_to_host(&detached.slice(..10)?, &mut back)?.wait()?;
+    /// assert_eq!(back.as_slice()?, [0; 10]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'_, T>> {
+        let r = to_range(range, self.len, "DetachedSliceMut::slice")?;
+        Ok(DeviceSlice {
+            ptr: self.ptr.wrapping_add(r.start),
+            len: r.len(),
+            device: self.device,
+            fence: &self.fence,
+            _p: PhantomData,
+        })
+    }
+
+    /// Blocks until the earlier detached writers of this span (known when it
+    /// was detached) have released their holds. Operations through this value
+    /// wait for that anyway, on whatever thread enqueues them; settling first
+    /// keeps the wait out of places that must not block on another writer
+    /// (a writer that holds a lock the other one needs, say).
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut};
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&Device::get(0)?, 100)?;
+    /// let first = DeviceSliceMut::from(&mut buf).detach();
+    /// let mut second = DeviceSliceMut::from(&mut buf).detach(); // must follow `first`
+    /// first.release();
+    /// second.settle(); // returns at once: `first` was released
+    /// # Ok(()) }
+    /// ```
+    pub fn settle(&mut self) {
+        self.fence.settle();
+    }
+
+    /// Releases the hold (the same as dropping it): the owner's fence learns
+    /// what was enqueued through this value and stops blocking on it.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer};
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&Device::get(0)?, 100)?;
+    /// let detached = buf.slice_mut(..)?.detach();
+    /// detached.release();
+    /// assert_eq!(buf.to_vec()?, vec![0; 100]); // would block forever before the release
+    /// # Ok(()) }
+    /// ```
+    pub fn release(self) {}
+}
+
+impl<T: Pod> Drop for DetachedSliceMut<T> {
+    fn drop(&mut self) {
+        self.fence.release_into(&self.hold);
+    }
 }
 
 impl<T: Pod> sealed::Sealed for DeviceBuffer<T> {}
@@ -319,17 +1008,17 @@ impl<T: Pod> DeviceSink<T> for DeviceBuffer<T> {
 }
 impl<T: Pod> DeviceSource<T> for DeviceSlice<'_, T> {
     fn device_src(&self, _: sealed::Token) -> (*const T, usize, &Fence, Device) {
-        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
+        (self.ptr, self.len, self.fence, self.device)
     }
 }
 impl<T: Pod> DeviceSource<T> for DeviceSliceMut<'_, T> {
     fn device_src(&self, _: sealed::Token) -> (*const T, usize, &Fence, Device) {
-        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &self.buf.fence, self.buf.device)
+        (self.ptr, self.len, self.fence.get(), self.device)
     }
 }
 impl<T: Pod> DeviceSink<T> for DeviceSliceMut<'_, T> {
     fn device_dst(&mut self, _: sealed::Token) -> (*mut T, usize, &mut Fence, Device) {
-        (self.buf.ptr.wrapping_add(self.range.start), self.range.len(), &mut self.buf.fence, self.buf.device)
+        (self.ptr, self.len, self.fence.get_mut(), self.device)
     }
 }
 
@@ -562,12 +1251,20 @@ impl<T: Pod> std::fmt::Debug for PinnedSliceMut<'_, T> {
 }
 impl<T: Pod> std::fmt::Debug for DeviceSlice<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceSlice").field("buf", &self.buf).field("range", &self.range).finish()
+        f.debug_struct("DeviceSlice")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .finish()
     }
 }
 impl<T: Pod> std::fmt::Debug for DeviceSliceMut<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceSliceMut").field("buf", &self.buf).field("range", &self.range).finish()
+        f.debug_struct("DeviceSliceMut")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .finish()
     }
 }
 
@@ -1033,7 +1730,7 @@ impl Stream {
         same_len("Stream::copy_to_device", n, m)?;
         same_device("Stream::copy_to_device", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(Some(sf), df, |q| {
+        self.enqueue(Some((sf, span_of(s, n))), (df, span_of(d, n)), |q| {
             if bytes == 0 {
                 return Ok(());
             }
@@ -1059,7 +1756,7 @@ impl Stream {
         same_len("Stream::copy_to_host", n, m)?;
         same_device("Stream::copy_to_host", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(Some(sf), df, |q| {
+        self.enqueue(Some((sf, span_of(s, n))), (df, span_of(d, n)), |q| {
             if bytes == 0 {
                 return Ok(());
             }
@@ -1084,7 +1781,7 @@ impl Stream {
         same_device("Stream::copy_device_to_device", self, sdev)?;
         same_device("Stream::copy_device_to_device", self, ddev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(Some(sf), df, |q| {
+        self.enqueue(Some((sf, span_of(s, n))), (df, span_of(d, n)), |q| {
             if bytes == 0 {
                 return Ok(());
             }
@@ -1101,7 +1798,7 @@ impl Stream {
         let (d, n, df, dev) = dst.device_dst(TOKEN);
         same_device("Stream::memset", self, dev)?;
         let bytes = n * size_of::<T>();
-        self.enqueue(None, df, |q| {
+        self.enqueue(None, (df, span_of(d, n)), |q| {
             if bytes == 0 {
                 return Ok(());
             }

@@ -106,6 +106,14 @@ pub enum Error {
         /// The panic message, when it was a string.
         message: String,
     },
+    /// A transfer started with [`Streamer::start`](crate::Streamer::start)
+    /// failed: what [`Transfer::then_on`](crate::Transfer::then_on) answers
+    /// once it knows (the transfer's own error comes from
+    /// [`Transfer::wait`](crate::Transfer::wait)).
+    TransferFailed {
+        /// The transfer's error, as text.
+        message: String,
+    },
 }
 
 impl Error {
@@ -195,6 +203,7 @@ impl fmt::Display for Error {
             ),
             Error::InvalidArgument { what, message } => write!(f, "{what}: {message}"),
             Error::WorkerPanicked { message } => write!(f, "a worker thread panicked: {message}"),
+            Error::TransferFailed { message } => write!(f, "the transfer failed: {message}"),
         }
     }
 }

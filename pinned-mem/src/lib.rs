@@ -27,7 +27,12 @@
 //!   the [`Strategy`]s — a whole-file registration reused across passes,
 //!   sliding registered windows, the ring, a hybrid of windows and ring at
 //!   once, or `O_DIRECT` reads for cold files — and [`Report`]s the rate, CPU
-//!   time, peak pinned bytes and registrations.
+//!   time, peak pinned bytes and registrations. Destinations are any writable
+//!   device view of any [`Pod`](wirespeed_cuda::Pod) type, memory allocated
+//!   elsewhere included; [`Streamer::start`] runs a transfer on the
+//!   streamer's worker thread and returns a [`Transfer`] at once, which the
+//!   caller's streams can be ordered after ([`Transfer::then_on`],
+//!   [`StartOptions::after`]).
 //!
 //! # What was measured (H200, driver 580; the project's benchmark measures it again on your machine)
 //!
@@ -44,7 +49,11 @@
 //! # Safety model
 //!
 //! Built on `wirespeed-cuda`: every buffer's fence makes host access and `Drop` wait
-//! for the device, and nothing relies on a destructor running. Registered file
+//! for the device, and nothing relies on a destructor running. A transfer
+//! started with [`Streamer::start`] owns its destination as a
+//! `wirespeed_cuda::DetachedSliceMut`: the destination's owner waits for the
+//! worker thread to release it (after the last copy) before it frees or reads
+//! the memory, so leaking the [`Transfer`] handle is harmless. Registered file
 //! windows own an `Arc<MappedFile>` inside the `wirespeed_cuda::HostRegistration`
 //! that owns them, so leaking anything leaks the mapping rather than unmapping
 //! it under a DMA. `unsafe` lives in `mapping.rs` (mmap, munmap, madvise,
@@ -91,5 +100,5 @@ pub use memlock::{memlock_headroom, memlock_limit};
 pub use range::{PinOptions, PinnedRange};
 pub use ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing, SlotSource};
 pub use strategy::Strategy;
-pub use streamer::{Progress, Report, StreamConfig, Streamer, WindowContext};
+pub use streamer::{Progress, Report, StartOptions, StreamConfig, Streamer, Transfer, WindowContext};
 pub use util::Bytes;

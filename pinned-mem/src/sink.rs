@@ -1,6 +1,6 @@
-//! Where the pieces of a transfer go on the device: whole destination buffers
-//! (one per device), a scratch buffer written around, or chunk buffers handed
-//! to the caller. A piece is bytes `[off, off + len)` of the file, readable as
+//! Where the pieces of a transfer go on the device: destinations of the
+//! range's length (one per device), a scratch buffer written around, or chunk
+//! buffers handed to the caller. A piece is bytes `[off, off + len)` of the file, readable as
 //! pinned copy sources through a [`Slicer`]; a sink enqueues its copies on the
 //! streamer's streams (one per device).
 
@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, PinnedSlice, Stream};
+use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSlice, PinnedBuffer, PinnedSlice, Stream};
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
@@ -80,19 +80,16 @@ impl Verifier {
         Ok(Verifier { bounce: PinnedBuffer::new(bytes)?, _reservation: reservation })
     }
 
-    /// True when `dev[at..at + expected.len()]` equals `expected`.
-    pub(crate) fn check(
-        &mut self,
-        stream: &Stream,
-        dev: &DeviceBuffer<u8>,
-        at: usize,
-        expected: &[u8],
-    ) -> Result<bool> {
+    /// True when `dev` (of `expected`'s length) equals `expected`.
+    pub(crate) fn check(&mut self, stream: &Stream, dev: &DeviceSlice<'_, u8>, expected: &[u8]) -> Result<bool> {
+        if dev.len() != expected.len() {
+            return Err(Error::invalid("verify", format!("{} bytes to compare with {}", dev.len(), expected.len())));
+        }
         let step = self.bounce.len().max(1);
         let mut done = 0;
         while done < expected.len() {
             let n = step.min(expected.len() - done);
-            let src = dev.slice(at + done..at + done + n)?;
+            let src = dev.slice(done..done + n)?;
             let mut dst = self.bounce.slice_mut(0..n)?;
             stream.copy_to_host(&src, &mut dst)?.wait()?;
             if self.bounce.as_slice()?[..n] != expected[done..done + n] {
@@ -104,11 +101,19 @@ impl Verifier {
     }
 }
 
-/// Whole destination buffers: byte `off` of the file goes to `off - start` of each.
+/// Called once every copy of a transfer is enqueued, with the streamer's
+/// streams (a [`Transfer`](crate::Transfer) records its event then).
+pub(crate) type Enqueued<'a> = dyn Fn(&[Stream]) -> Result<()> + Sync + 'a;
+
+/// Destinations of the range's length: byte `off` of the file goes to
+/// `off - start` of each.
 pub(crate) struct DevicesSink<'a> {
     pub(crate) start: u64,
     /// (stream index, destination)
-    pub(crate) dsts: Vec<(usize, &'a mut DeviceBuffer<u8>)>,
+    pub(crate) dsts: Vec<(usize, DetachedSliceMut<u8>)>,
+    /// Bytes not put yet: when none is left, every copy is enqueued.
+    pub(crate) left: u64,
+    pub(crate) enqueued: Option<&'a Enqueued<'a>>,
 }
 
 impl Sink for DevicesSink<'_> {
@@ -125,6 +130,12 @@ impl Sink for DevicesSink<'_> {
             let mut d = dst.slice_mut(at..at + len)?;
             stream.copy_to_device(&piece, &mut d)?.detach();
         }
+        self.left = self.left.saturating_sub(len as u64);
+        if self.left == 0
+            && let Some(f) = self.enqueued.take()
+        {
+            f(streams)?;
+        }
         Ok(())
     }
 }
@@ -133,7 +144,7 @@ impl Sink for DevicesSink<'_> {
 pub(crate) struct ScratchSink<'a> {
     pub(crate) start: u64,
     pub(crate) stream: usize,
-    pub(crate) dst: &'a mut DeviceBuffer<u8>,
+    pub(crate) dst: DetachedSliceMut<u8>,
     /// With verification: the file's bytes and the checker; each part is read back.
     pub(crate) verify: Option<(&'a [u8], Verifier)>,
     pub(crate) ok: bool,
@@ -160,7 +171,7 @@ impl Sink for ScratchSink<'_> {
             if let Some((file, v)) = &mut self.verify {
                 let at = (off + done as u64) as usize;
                 let expected = file.get(at..at + n).ok_or_else(|| Error::invalid("verify", "outside the file"))?;
-                if !v.check(stream, self.dst, pos, expected)? {
+                if !v.check(stream, &self.dst.slice(pos..pos + n)?, expected)? {
                     self.ok = false;
                 }
             }

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::Streamer;
+use super::Shared;
 use crate::mapping::MappedFile;
 use crate::range::PinnedRange;
 use crate::ring::PinnedRing;
@@ -18,7 +18,7 @@ pub(super) struct State {
     pub(super) ring: Option<PinnedRing>,
 }
 
-impl Streamer {
+impl Shared {
     /// Gives back cached registrations (least recently used first) and then
     /// the ring until `need` bytes are available, keeping what is asked.
     pub(super) fn make_room(&self, st: &mut State, need: u64, keep_ring: bool, keep_cache: Option<usize>) {

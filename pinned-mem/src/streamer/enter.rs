@@ -1,4 +1,4 @@
-//! One call at a time: [`Streamer::enter`] takes the streamer for a call and
+//! One call at a time: [`Shared::enter`] takes the streamer for a call and
 //! refuses one made from inside the streamer's own callbacks (it would wait
 //! for itself).
 
@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use super::cache::State;
-use super::{Streamer, lock};
+use super::{Shared, lock};
 use crate::error::{Error, Result};
 
 thread_local! {
@@ -27,19 +27,27 @@ impl Drop for Owner<'_> {
     }
 }
 
-impl Streamer {
+impl Shared {
     /// Takes the streamer for one call. A call from inside one of its own
     /// callbacks is refused (it would wait for itself): on the calling thread
     /// (chunk callbacks, the progress callback of an inline pass) the owner
     /// says so, on an agent thread the progress callback's mark does.
     pub(super) fn enter(&self, what: &'static str) -> Result<(Owner<'_>, MutexGuard<'_, State>)> {
         let me = std::thread::current().id();
-        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(|c| c.borrow().contains(&self.id())) {
-            return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
-        }
+        self.refuse_inside_callback(what)?;
         let st = lock(&self.state);
         *lock(&self.owner) = Some(me);
         Ok((Owner(&self.owner, me), st))
+    }
+
+    /// Refuses a call from inside one of the streamer's callbacks (see
+    /// [`Shared::enter`]), without taking the streamer.
+    pub(super) fn refuse_inside_callback(&self, what: &'static str) -> Result<()> {
+        let me = std::thread::current().id();
+        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(|c| c.borrow().contains(&self.id())) {
+            return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
+        }
+        Ok(())
     }
 
     /// This streamer's identity for [`IN_CALLBACK`] (its address; never 0).

@@ -27,8 +27,12 @@
 //!
 //! * here: [`Streamer`] and its whole public API (constructor, accessors,
 //!   [`Streamer::resolve`], [`Streamer::release_pins`], the transfers), so
-//!   that its documentation reads in one order;
+//!   that its documentation reads in one order; the state it shares with its
+//!   worker thread (`Shared`), which every other file works on;
 //! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`];
+//! * `transfer.rs`: transfers that do not block ([`Streamer::start`]): the
+//!   [`Transfer`] handle, [`StartOptions`], and the worker thread that runs
+//!   them one at a time, in order;
 //! * `enter.rs`: one call at a time, none from inside the streamer's callbacks;
 //! * `plan.rs`: the strategy a transfer uses, and the range and budget checks;
 //! * `cache.rs`: what the streamer keeps between calls (registrations, ring);
@@ -44,12 +48,12 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use wirespeed_cuda::{Device, DeviceBuffer, Event, EventOptions, Stream};
+use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, Pod, Stream};
 
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 use crate::range::PinOptions;
-use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, ScratchSink, Verifier};
+use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, Enqueued, ScratchSink, Verifier};
 use crate::strategy::{Strategy, plan};
 use crate::util::{align_up, cpus, page_size};
 
@@ -61,6 +65,7 @@ mod pipeline;
 mod plan;
 mod report;
 mod ring;
+mod transfer;
 mod whole;
 mod windows;
 
@@ -69,6 +74,9 @@ use plan::check_range;
 
 pub use config::{Progress, StreamConfig};
 pub use report::{Report, WindowContext};
+pub use transfer::{StartOptions, Transfer};
+
+use transfer::{Job, TransferState, Worker};
 
 /// Locks `m`, also when a panic poisoned it.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,7 +92,10 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// It keeps one stream per device, the whole-file registrations it made (so a
 /// second pass over the same file costs no registration) and its pinned ring
 /// (allocated once), all drawn from the budget until
-/// [`Streamer::release_pins`] or drop. Calls are serialized.
+/// [`Streamer::release_pins`] or drop. Calls are serialized: transfers
+/// started with [`Streamer::start`] run on a worker thread of the streamer,
+/// one at a time and in order, blocking calls on the calling thread in
+/// between. Dropping the streamer waits for the transfers it started.
 ///
 /// ```no_run
 /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
@@ -100,6 +111,15 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// # Ok(()) }
 /// ```
 pub struct Streamer {
+    shared: Arc<Shared>,
+    /// The thread that runs [`Streamer::start`]'s transfers, once there was one.
+    worker: Mutex<Option<Worker>>,
+}
+
+/// What a [`Streamer`] shares with its worker thread: everything but the
+/// worker itself. The transfers' internals (the other files of this folder)
+/// work on it.
+pub(super) struct Shared {
     devices: Vec<Device>,
     streams: Vec<Stream>,
     done_events: Vec<Event>,
@@ -117,7 +137,19 @@ pub struct Streamer {
 
 impl std::fmt::Debug for Streamer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Streamer").field("devices", &self.devices).field("config", &self.config).finish()
+        f.debug_struct("Streamer").field("devices", &self.shared.devices).field("config", &self.shared.config).finish()
+    }
+}
+
+impl Drop for Streamer {
+    /// Waits for the transfers [`Streamer::start`] queued (every one runs to
+    /// its end; their handles may have been dropped or leaked), then ends the
+    /// worker thread.
+    fn drop(&mut self) {
+        let worker = self.worker.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(w) = worker {
+            w.finish();
+        }
     }
 }
 
@@ -151,7 +183,7 @@ impl Streamer {
             streams.push(Stream::new(d)?);
             done_events.push(Event::new(d, EventOptions { timing: false, blocking_sync: true })?);
         }
-        Ok(Streamer {
+        let shared = Shared {
             devices: devices.to_vec(),
             window_events: Mutex::new(streams.iter().map(|_| Vec::new()).collect()),
             streams,
@@ -161,7 +193,8 @@ impl Streamer {
             owner: Mutex::new(None),
             state: Mutex::new(State::default()),
             window_context: std::sync::OnceLock::new(),
-        })
+        };
+        Ok(Streamer { shared: Arc::new(shared), worker: Mutex::new(None) })
     }
 
     /// The devices, in the order given.
@@ -173,7 +206,7 @@ impl Streamer {
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn devices(&self) -> &[Device] {
-        &self.devices
+        &self.shared.devices
     }
 
     /// The stream of each device (copies are enqueued there).
@@ -185,7 +218,7 @@ impl Streamer {
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn streams(&self) -> &[Stream] {
-        &self.streams
+        &self.shared.streams
     }
 
     /// The configuration.
@@ -197,7 +230,7 @@ impl Streamer {
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn config(&self) -> &StreamConfig {
-        &self.config
+        &self.shared.config
     }
 
     /// Bytes of registrations and ring the streamer keeps between calls.
@@ -209,7 +242,7 @@ impl Streamer {
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn kept_pinned_bytes(&self) -> u64 {
-        match self.state.try_lock() {
+        match self.shared.state.try_lock() {
             Ok(st) => kept(&st),
             Err(_) => 0,
         }
@@ -229,7 +262,7 @@ impl Streamer {
     /// `cudaHostUnregister`'s error (the first one; the rest are still released),
     /// or [`Error::InvalidArgument`] from inside a callback of this streamer.
     pub fn release_pins(&self) -> Result<()> {
-        let (_owner, mut st) = self.enter("Streamer::release_pins")?;
+        let (_owner, mut st) = self.shared.enter("Streamer::release_pins")?;
         st.ring = None;
         let mut first = Ok(());
         for r in std::mem::take(&mut st.cache) {
@@ -254,38 +287,63 @@ impl Streamer {
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn resolve(&self, file_len: u64) -> Strategy {
-        let strategy = self.config.strategy.normalized().unwrap_or(self.config.strategy);
+        let s = &*self.shared;
+        let strategy = s.config.strategy.normalized().unwrap_or(s.config.strategy);
         if strategy != Strategy::Auto {
             return strategy;
         }
-        let kept = self.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
-        let avail = self.usable(kept);
+        let kept = s.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
+        let avail = s.usable(kept);
         plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
     }
 
-    /// Moves file bytes `range` to `dst` (of the range's length) on its device.
+    /// Moves file bytes `range` to `dst` on its device, and returns once they
+    /// have landed. `dst` is a whole buffer (`&mut DeviceBuffer<T>`) or any
+    /// writable view ([`DeviceSliceMut`]: part of a larger buffer, a part from
+    /// `split_at_mut`, or device memory allocated elsewhere, through
+    /// [`DeviceSliceMut::from_raw_parts`]); its element type is any
+    /// [`Pod`] type, filled with the file's bytes as they are (native byte
+    /// order), and it holds exactly the range's bytes.
     ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let dev = wirespeed_cuda::Device::get(0)?;
-    /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-to-device-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![0u8; 2 << 20])?;
+    /// use wirespeed_pinned::*;
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// let file = unsafe { MappedFile::open(&path) }?;
     /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
     /// let report = s.to_device(&file, 4096..4096 + (1 << 20), &mut dst)?;
-    /// # Ok(()) }
+    /// // 256 f32 values of the file into the second half of a typed buffer:
+    /// let mut weights = wirespeed_cuda::DeviceBuffer::<f32>::zeroed(&dev, 512)?;
+    /// s.to_device(&file, 0..1024, weights.slice_mut(256..)?)?;
+    /// # let _ = report; std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
-    /// [`Error::BadRange`], [`Error::InvalidArgument`] (length, or a device the
-    /// streamer has no stream for), [`Error::BudgetExceeded`],
+    /// [`Error::BadRange`], [`Error::InvalidArgument`] (a range that is not a
+    /// whole number of `T`, a zero-sized `T`, a destination of another length,
+    /// a device the streamer has no stream for, a call from inside one of the
+    /// streamer's callbacks), [`Error::BudgetExceeded`],
     /// [`Error::DirectUnsupported`], and any CUDA or I/O error on the way. On
     /// error nothing is left in flight, and nothing pinned beyond what the
     /// streamer keeps between calls (its ring and whole-file registrations,
     /// which [`Streamer::release_pins`] gives back).
-    pub fn to_device(&self, file: &Arc<MappedFile>, range: Range<u64>, dst: &mut DeviceBuffer<u8>) -> Result<Report> {
-        self.to_devices(file, range, std::slice::from_mut(dst))
+    pub fn to_device<'d, T: Pod>(
+        &self,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        dst: impl Into<DeviceSliceMut<'d, T>>,
+    ) -> Result<Report> {
+        const WHAT: &str = "Streamer::to_device";
+        let s = &*self.shared;
+        let len = check_range(file, &range)?;
+        let dst = bytes_of_range(WHAT, dst.into(), len)?;
+        let stream = s.stream_of(dst.device())?;
+        s.fill(WHAT, file, range, vec![(stream, dst.detach())], None, None)
     }
 
     /// Moves file bytes `range` to every buffer of `dsts` at once (each of the
@@ -312,6 +370,7 @@ impl Streamer {
         range: Range<u64>,
         dsts: &mut [DeviceBuffer<u8>],
     ) -> Result<Report> {
+        let s = &*self.shared;
         let len = check_range(file, &range)?;
         if dsts.is_empty() {
             return Err(Error::invalid("Streamer::to_devices", "no destination"));
@@ -324,24 +383,98 @@ impl Streamer {
                     format!("destination holds {} bytes, the range {len}", d.len()),
                 ));
             }
-            targets.push((self.stream_of(d.device())?, d));
+            targets.push((s.stream_of(d.device())?, d));
         }
-        let n = targets.len() as u64;
-        let (_owner, mut st) = self.enter("Streamer::to_devices")?;
-        let mut verifier = self.verifier(&mut st, len)?;
-        let sink = DevicesSink { start: range.start, dsts: targets };
-        let (mut report, _) = self.run(&mut st, file, range.clone(), sink, |()| Ok(()))?;
-        report.bytes = len * n;
-        if let Some(v) = &mut verifier {
-            let mut ok = true;
-            let expected = &file.as_bytes()[range.start as usize..range.end as usize];
-            for d in dsts.iter() {
-                let stream = &self.streams[self.stream_of(d.device())?];
-                ok &= v.check(stream, d, 0, expected)?;
-            }
-            report.verified = Some(ok);
-        }
-        Ok(report)
+        let targets = targets.into_iter().map(|(i, d)| (i, DeviceSliceMut::from(d).detach())).collect();
+        s.fill("Streamer::to_devices", file, range, targets, None, None)
+    }
+
+    /// Starts moving file bytes `range` to `dst` (as [`Streamer::to_device`])
+    /// and returns at once, with a [`Transfer`] to poll, wait for, await, or
+    /// order work on your own streams after ([`Transfer::then_on`]).
+    ///
+    /// The streamer runs its transfers on a worker thread of its own (started
+    /// by the first call), one at a time, in the order they were started; calls
+    /// that block ([`Streamer::to_device`], ...) run on the calling thread in
+    /// between. The transfer borrows `dst` for as long as the handle lives;
+    /// dropping or leaking the handle does not stop the transfer, and `dst`'s
+    /// owner stays safe to drop or read: it waits for the transfer (see
+    /// [`wirespeed_cuda::DetachedSliceMut`]). Dropping the streamer waits for
+    /// every transfer it started.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-start-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![0u8; 8 << 20])?;
+    /// use wirespeed_pinned::*;
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 8 << 20)?;
+    /// let transfer = s.start(&file, 0..8 << 20, &mut dst)?;
+    /// // ... other work meanwhile ...
+    /// let report = transfer.wait()?;
+    /// # let _ = report; std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`], [`Error::InvalidArgument`] (as for
+    /// [`Streamer::to_device`]); [`Error::Io`] when the worker thread cannot be
+    /// started; [`Error::WorkerPanicked`] when it has ended. Errors of the
+    /// transfer itself come from [`Transfer::wait`].
+    pub fn start<'a, T: Pod>(
+        &'a self,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        dst: impl Into<DeviceSliceMut<'a, T>>,
+    ) -> Result<Transfer<'a>> {
+        self.start_with(file, range, dst, StartOptions::new())
+    }
+
+    /// [`Streamer::start`] with options: [`StartOptions::after`] orders the
+    /// transfer's copies after the work given so far to a stream of yours
+    /// (the stream that allocated or cleared `dst`, say).
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-start-with-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![0u8; 4096])?;
+    /// # use wirespeed_pinned::*;
+    /// # let dev = wirespeed_cuda::Device::get(0)?;
+    /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let mine = wirespeed_cuda::Stream::new(&dev)?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4096)?;
+    /// // ... work on `mine` that must run before the copies ...
+    /// let t = s.start_with(&file, 0..4096, &mut dst, StartOptions::new().after(&mine))?;
+    /// t.then_on(&mine)?; // and work on `mine` from now on runs after them
+    /// # t.wait()?; std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Streamer::start`]; CUDA's error recording an event on the `after` stream.
+    pub fn start_with<'a, T: Pod>(
+        &'a self,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        dst: impl Into<DeviceSliceMut<'a, T>>,
+        options: StartOptions<'_>,
+    ) -> Result<Transfer<'a>> {
+        const WHAT: &str = "Streamer::start";
+        let s = &*self.shared;
+        s.refuse_inside_callback(WHAT)?;
+        let len = check_range(file, &range)?;
+        let dst = bytes_of_range(WHAT, dst.into(), len)?;
+        let stream = s.stream_of(dst.device())?;
+        let after = options.after_event()?;
+        let state = Arc::new(TransferState::default());
+        let job = Job { file: file.clone(), range, dst: dst.detach(), stream, after, state: state.clone() };
+        self.submit(job)?;
+        Ok(Transfer::new(state, s))
     }
 
     /// Moves file bytes `range`, of any size, through `scratch`: the byte at
@@ -369,15 +502,20 @@ impl Streamer {
         range: Range<u64>,
         scratch: &mut DeviceBuffer<u8>,
     ) -> Result<Report> {
+        let s = &*self.shared;
         let len = check_range(file, &range)?;
         if scratch.is_empty() {
             return Err(Error::invalid("Streamer::to_scratch", "the scratch buffer is empty"));
         }
-        let stream = self.stream_of(scratch.device())?;
-        let (_owner, mut st) = self.enter("Streamer::to_scratch")?;
-        let verify = self.verifier(&mut st, len)?.map(|v| (file.as_bytes(), v));
-        let sink = ScratchSink { start: range.start, stream, dst: scratch, verify, ok: true };
-        let (report, _) = self.run(&mut st, file, range, sink, |()| Ok(()))?;
+        let stream = s.stream_of(scratch.device())?;
+        // Detached (and settled) before taking the streamer: an earlier
+        // transfer into it that is still queued can then run.
+        let mut dst = DeviceSliceMut::from(scratch).detach();
+        dst.settle();
+        let (_owner, mut st) = s.enter("Streamer::to_scratch")?;
+        let verify = s.verifier(&mut st, len)?.map(|v| (file.as_bytes(), v));
+        let sink = ScratchSink { start: range.start, stream, dst, verify, ok: true };
+        let (report, _) = s.run(&mut st, file, range, sink, |()| Ok(()))?;
         Ok(report)
     }
 
@@ -422,26 +560,27 @@ impl Streamer {
         if chunk == 0 {
             return Err(Error::invalid("Streamer::for_each_chunk", "chunk must be > 0"));
         }
-        let (_owner, mut st) = self.enter("Streamer::for_each_chunk")?;
-        let mut verifier = self.verifier(&mut st, len)?;
+        let s = &*self.shared;
+        let (_owner, mut st) = s.enter("Streamer::for_each_chunk")?;
+        let mut verifier = s.verifier(&mut st, len)?;
         let mut ok = true;
-        let pool: ChunkPool = Mutex::new(self.devices.iter().map(|_| Vec::new()).collect());
+        let pool: ChunkPool = Mutex::new(s.devices.iter().map(|_| Vec::new()).collect());
         let sink = ChunkSink {
             start: range.start,
             end: range.end,
             // A chunk larger than the range is the range (and no offset sum can overflow).
             chunk: (chunk as u64).min(len.max(1)),
-            devices: self.devices.clone(),
+            devices: s.devices.clone(),
             pool: &pool,
             partial: HashMap::new(),
         };
         let bytes = file.as_bytes();
-        let streams = &self.streams;
-        let (mut report, _) = self.run(&mut st, file, range, sink, |c: Chunk| {
+        let streams = &s.streams;
+        let (mut report, _) = s.run(&mut st, file, range, sink, |c: Chunk| {
             let stream = streams.get(c.stream).ok_or_else(|| Error::invalid("for_each_chunk", "no stream"))?;
             if let Some(v) = &mut verifier {
                 let expected = &bytes[c.off as usize..c.off as usize + c.len];
-                ok &= v.check(stream, &c.buf, 0, expected)?;
+                ok &= v.check(stream, &c.buf.slice(..c.len)?, expected)?;
             }
             let res = f(stream, &c.buf, c.off, c.len);
             if let Some(p) = lock(&pool).get_mut(c.stream) {
@@ -456,6 +595,84 @@ impl Streamer {
     }
 
     // ------------------------------------------------------------ internals
+
+    /// Queues `job` for the worker thread, starting it on the first call.
+    fn submit(&self, job: Job) -> Result<()> {
+        let mut worker = lock(&self.worker);
+        let w = match &mut *worker {
+            Some(w) => w,
+            None => worker.insert(Worker::spawn(self.shared.clone(), job.file.path())?),
+        };
+        w.send(job)
+    }
+}
+
+/// `dst` as bytes, when it holds exactly `len` bytes (whole values of `T`).
+fn bytes_of_range<'d, T: Pod>(
+    what: &'static str,
+    dst: DeviceSliceMut<'d, T>,
+    len: u64,
+) -> Result<DeviceSliceMut<'d, u8>> {
+    let size = size_of::<T>() as u64;
+    if size == 0 {
+        return Err(Error::invalid(what, "the destination's element type has no size"));
+    }
+    if !len.is_multiple_of(size) {
+        return Err(Error::invalid(
+            what,
+            format!("the range holds {len} bytes, not a whole number of {size}-byte values of the destination's type"),
+        ));
+    }
+    let dst = dst.into_bytes();
+    if dst.len() as u64 != len {
+        return Err(Error::invalid(what, format!("destination holds {} bytes, the range {len}", dst.len())));
+    }
+    Ok(dst)
+}
+
+impl Shared {
+    /// Moves file bytes `range` into each of `dsts` (stream index, bytes of
+    /// the range's length), taking the streamer for `what`: the run shared by
+    /// [`Streamer::to_device`], [`Streamer::to_devices`] and the worker's
+    /// transfers. `after` is waited for on the destinations' streams before
+    /// the first copy; `enqueued` is called once every copy is enqueued.
+    /// Each destination's earlier detached writers are waited for first,
+    /// before the streamer is taken (one may be a transfer the worker has
+    /// still to run); the destinations are released when it returns.
+    pub(super) fn fill(
+        &self,
+        what: &'static str,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        mut dsts: Vec<(usize, DetachedSliceMut<u8>)>,
+        after: Option<&Event>,
+        enqueued: Option<&Enqueued<'_>>,
+    ) -> Result<Report> {
+        for (_, d) in &mut dsts {
+            d.settle();
+        }
+        let len = range.end - range.start;
+        let n = dsts.len() as u64;
+        let (_owner, mut st) = self.enter(what)?;
+        if let Some(ev) = after {
+            for (i, _) in &dsts {
+                self.streams[*i].wait_event(ev)?;
+            }
+        }
+        let mut verifier = self.verifier(&mut st, len)?;
+        let sink = DevicesSink { start: range.start, dsts, left: len, enqueued };
+        let (mut report, sink) = self.run(&mut st, file, range.clone(), sink, |()| Ok(()))?;
+        report.bytes = len * n;
+        if let Some(v) = &mut verifier {
+            let mut ok = true;
+            let expected = &file.as_bytes()[range.start as usize..range.end as usize];
+            for (i, d) in &sink.dsts {
+                ok &= v.check(&self.streams[*i], &d.slice(..)?, expected)?;
+            }
+            report.verified = Some(ok);
+        }
+        Ok(report)
+    }
 
     fn stream_of(&self, d: Device) -> Result<usize> {
         self.devices.iter().position(|x| *x == d).ok_or_else(|| {

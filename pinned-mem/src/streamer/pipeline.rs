@@ -18,7 +18,7 @@ use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
 use super::ring::{Fill, ring_agent};
 use super::windows::{WindowSrc, window_agent};
-use super::{Report, Streamer, WindowContext, lock};
+use super::{Report, Shared, WindowContext, lock};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
@@ -55,7 +55,7 @@ struct RingAgents<'a> {
     from_back: bool,
 }
 
-impl Streamer {
+impl Shared {
     /// The transfer itself: plan, prepare, run the agents, drain, report.
     pub(super) fn run<S: Sink>(
         &self,
@@ -130,7 +130,7 @@ impl Streamer {
         Ok((report, sink))
     }
 
-    /// Makes ready what `strategy` pins (once [`Streamer::check_fits`] passed):
+    /// Makes ready what `strategy` pins (once [`Shared::check_fits`] passed):
     /// gives back the streamer's registrations that would overlap this pass's
     /// windows, then makes (or reuses) the whole-file registration or the ring,
     /// opens the `O_DIRECT` descriptor, or makes room for the windows.
@@ -216,7 +216,7 @@ impl Streamer {
     }
 }
 
-/// The agents `strategy` runs, over what [`Streamer::prepare`] made ready.
+/// The agents `strategy` runs, over what [`Shared::prepare`] made ready.
 fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prepared) -> Agents<'a> {
     let windows = match strategy {
         Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
@@ -303,7 +303,7 @@ fn run_threads<S: Sink>(
     });
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
@@ -325,7 +325,7 @@ pub(super) struct Ctx<'a> {
     pub(super) total: u64,
     pub(super) progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,
     pub(super) window_events: &'a Mutex<Vec<Vec<Event>>>,
-    /// [`Streamer::id`] of the streamer running the transfer.
+    /// [`Shared::id`] of the streamer running the transfer.
     pub(super) streamer: usize,
     /// The second context sliding windows are registered in, if any.
     pub(super) window_ctx: Option<Arc<RegistrationContext>>,
@@ -351,7 +351,7 @@ impl Ctx<'_> {
     /// Counts `bytes` as landed and calls the progress callback, on whichever
     /// thread landed them. A panic in the callback is this transfer's error
     /// ([`Error::WorkerPanicked`]); the callback calling back into this
-    /// streamer gets [`Error::InvalidArgument`] (see [`Streamer::enter`]).
+    /// streamer gets [`Error::InvalidArgument`] (see [`Shared::enter`]).
     pub(super) fn progress(&self, bytes: u64) {
         if bytes == 0 || self.aborted() {
             return; // nothing landed, or the transfer has failed: no progress to tell

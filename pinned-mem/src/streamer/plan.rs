@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::Streamer;
+use super::Shared;
 use super::cache::{State, cached, kept};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
@@ -14,7 +14,7 @@ use crate::mapping::MappedFile;
 use crate::strategy::{Strategy, plan};
 use crate::util::cpus;
 
-impl Streamer {
+impl Shared {
     /// Pinned bytes a plan may use: what the budget has left plus what the
     /// streamer keeps (it would give those back), within the mlock headroom.
     pub(super) fn usable(&self, kept: u64) -> u64 {

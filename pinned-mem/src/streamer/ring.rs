@@ -17,12 +17,12 @@ use std::sync::mpsc::SyncSender;
 use super::cache::State;
 use super::direct::direct_read;
 use super::pipeline::{Claims, Ctx};
-use super::{Streamer, lock};
+use super::{Shared, lock};
 use crate::error::Result;
 use crate::ring::PinnedRing;
 use crate::sink::{Sink, mask_streams};
 
-impl Streamer {
+impl Shared {
     /// The streamer's ring of `slots` slots of `slot` bytes: the one it keeps
     /// if it has that shape, else a new one (the old one given back first,
     /// then cached registrations as the budget needs), kept in its place.

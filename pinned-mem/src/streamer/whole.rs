@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Streamer;
+use super::Shared;
 use super::cache::{State, cached, kept};
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
@@ -20,7 +20,7 @@ pub(super) const PIECE: u64 = 64 << 20;
 /// Events in flight for whole-file pieces.
 pub(super) const PIECE_IN_FLIGHT: usize = 4;
 
-impl Streamer {
+impl Shared {
     /// The cached registration for `range`, made (whole file if it fits) when missing.
     pub(super) fn whole(
         &self,

@@ -6,7 +6,7 @@
 //! window i copies.
 //!
 //! Windows are registered in a second CUDA context of the device when one can
-//! be made ([`Streamer::window_context`]). Measured on an H200 (driver 580): in
+//! be made (`Shared::window_context`). Measured on an H200 (driver 580): in
 //! the primary context `cudaHostUnregister` waits for every copy in flight on
 //! the device, and registering or unregistering stalls other threads' copies,
 //! so windows alone stop at 25-30 GB/s; in a second context neither happens,
@@ -29,7 +29,7 @@ use wirespeed_cuda::RegistrationContext;
 
 use super::pipeline::{Claims, Ctx, tail_spin, wait_tail};
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
-use super::{Streamer, WindowContext, lock};
+use super::{Shared, WindowContext, lock};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
 use crate::sink::{RangePart, Sink};
@@ -288,7 +288,7 @@ fn retire(ctx: &Ctx<'_>, w: InFlightWindow, events: &[Vec<Option<Event>>], tail:
     res
 }
 
-impl Streamer {
+impl Shared {
     /// The second context sliding windows are registered in, made on first
     /// use and kept, with what [`Report::windows`](super::Report::windows)
     /// says; `None` (the primary context) when the configuration turns it off
