@@ -68,6 +68,22 @@ struct RegistryState {
     next_id: u64,
 }
 
+impl Registry {
+    /// The pages of the live registration (one still held by someone) that
+    /// overlaps `pages` and starts first, if any: the streamer cuts its
+    /// windows at such a registration's edges and shares it for the pages
+    /// inside, instead of failing with [`Error::Overlap`].
+    pub(crate) fn first_live_overlap(&self, pages: &Range<u64>) -> Option<Range<u64>> {
+        let st = lock(&self.state);
+        st.entries
+            .iter()
+            .filter(|e| !e.leaked && e.pages.start < pages.end && pages.start < e.pages.end)
+            .filter(|e| e.reg.strong_count() > 0)
+            .map(|e| e.pages.clone())
+            .min_by_key(|p| p.start)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -896,3 +896,49 @@ fn windows_use_a_second_context_and_fall_back_to_the_primary_one() {
     assert_eq!(budget.used(), 0);
     t.assert_clean();
 }
+
+/// While the caller holds a `PinnedRange` of part of a file, streaming the
+/// whole file works with every strategy: windows are cut at the edges of the
+/// caller's registration and share it inside (no `Overlap` for a window range
+/// the caller never asked for), and a whole-file pass that cannot register
+/// the range runs as windows, saying so in its report.
+#[test]
+fn a_live_user_pin_coexists_with_every_strategy() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("userpin");
+    let (file, data) = data_file(&dir, 33, LEN);
+    let dev = Device::get(0).unwrap();
+    let mine = PinBudget::unlimited();
+    let held =
+        wirespeed_pinned::PinnedRange::new(&file, 300_001..900_003, wirespeed_pinned::PinOptions::default(), &mine)
+            .unwrap();
+    let budget = PinBudget::new(4 << 20);
+    for strategy in [
+        Strategy::WholeFile,
+        Strategy::Windows { window: 256 << 10, in_flight: 2 },
+        Strategy::Windows { window: 1 << 20, in_flight: 2 },
+        Strategy::Hybrid { window: 256 << 10, slot: 64 << 10, threads: 2 },
+        Strategy::Ring { slots: 4, slot: 64 << 10, threads: 2 },
+        Strategy::Auto,
+    ] {
+        let big = if strategy == Strategy::WholeFile { PinBudget::unlimited() } else { budget.clone() };
+        let s = Streamer::new(&[dev], StreamConfig::new(strategy, big)).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+        let report = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap_or_else(|e| panic!("{strategy}: {e}"));
+        assert_eq!(dst.to_vec().unwrap(), data, "{strategy}: {report}");
+        if strategy == Strategy::WholeFile {
+            assert!(matches!(report.strategy, Strategy::Windows { .. }), "ran as windows: {report}");
+        }
+        drop(s);
+    }
+    // The caller's registration is untouched and still copies.
+    assert_eq!(held.sharers(), 1);
+    let stream = wirespeed_cuda::Stream::new(&dev).unwrap();
+    let mut back = DeviceBuffer::<u8>::new(&dev, 600_002).unwrap();
+    stream.copy_to_device(&held.source(), &mut back).unwrap().wait().unwrap();
+    assert_eq!(back.to_vec().unwrap(), &data[300_001..900_003]);
+    drop((held, back, stream));
+    assert_eq!((budget.used(), mine.used()), (0, 0));
+    t.assert_clean();
+}

@@ -87,7 +87,21 @@ impl Shared {
 
         // Prepare what the strategy pins, within the budget, before any copy.
         self.check_fits(st, file, &range, strategy)?;
-        let held = self.prepare(st, file, &range, strategy, &registrations)?;
+        let (strategy, held) = match self.prepare(st, file, &range, strategy, &registrations) {
+            // Someone else (the caller's own `PinnedRange`, say) holds a
+            // registration across the range's edge: one registration of the
+            // range cannot be made, so this pass runs as sliding windows, cut
+            // at that registration's edges and sharing it inside. The report
+            // says what ran.
+            Err(Error::Overlap { .. }) if strategy == Strategy::WholeFile => {
+                let page = page_size();
+                let window = (self.config.budget.available() / 2 / page * page).clamp(page, 256 << 20) as usize;
+                let windows = Strategy::Windows { window, in_flight: 2 };
+                self.check_fits(st, file, &range, windows)?;
+                (windows, self.prepare(st, file, &range, windows, &registrations)?)
+            }
+            other => (strategy, other?),
+        };
         let whole = held.whole.and_then(|i| st.cache.get(i));
 
         let (window_ctx, windows) = match strategy {
@@ -390,6 +404,15 @@ impl Claims {
         let r = c.start..end;
         c.start = end;
         Some(r)
+    }
+
+    /// Gives the front claim back from `from` on (the window agent, the only
+    /// one claiming from the front, cut its last claim short there).
+    pub(super) fn unclaim_front(&self, from: u64, claimed_end: u64) {
+        let mut c = lock(&self.cursor);
+        if c.start == claimed_end && from < claimed_end {
+            c.start = from;
+        }
     }
 
     pub(super) fn back(&self, size: u64) -> Option<Range<u64>> {

@@ -119,6 +119,10 @@ fn claim_windows<S: Sink>(
             };
             queue.retire_batch(ctx, batch)?;
         }
+        let r = match src {
+            WindowSrc::Register { .. } => fit_to_live(ctx, claims, r),
+            WindowSrc::Whole { .. } => r,
+        };
         let len = r.end - r.start;
         let own = match src {
             WindowSrc::Register { .. } => Some(register(ctx, r.clone())?),
@@ -156,6 +160,27 @@ fn claim_windows<S: Sink>(
         }
     }
     Ok(())
+}
+
+/// Cuts window `r` at the edges of a live registration of the same pages (a
+/// caller's own [`PinnedRange`], say), giving the rest back to the claims: a
+/// window then lies either wholly inside it (and shares it, registering
+/// nothing) or wholly outside it (and shares no page with it), never across
+/// its edge, which CUDA would refuse.
+fn fit_to_live(ctx: &Ctx<'_>, claims: &Claims, r: std::ops::Range<u64>) -> std::ops::Range<u64> {
+    let page = crate::util::page_size();
+    let pages = crate::util::align_down(r.start, page)..crate::util::align_up(r.end, page);
+    let Some(live) = ctx.file.registry.first_live_overlap(&pages) else { return r };
+    let cut = if live.start <= pages.start {
+        live.end.min(r.end) // r starts inside: its part inside that registration
+    } else {
+        live.start // r starts before it: up to its first page
+    };
+    if cut > r.start && cut < r.end {
+        claims.unclaim_front(cut, r.end);
+        return r.start..cut;
+    }
+    r
 }
 
 /// Registers window `r` (on the streamer's device unless portable), counting
