@@ -13,7 +13,11 @@ use crate::util::{Bytes, align_up, page_size};
 /// assert_eq!(Strategy::Windows { window: 256 << 20, in_flight: 3 }.to_string(), "windows 256 MiB x3");
 /// assert_eq!(Strategy::Ring { slots: 8, slot: 16 << 20, threads: 4 }.to_string(), "ring 8 x 16 MiB, 4 threads");
 /// ```
+///
+/// New strategies may come in later versions (`#[non_exhaustive]`): a `match`
+/// on it needs a `_` arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Strategy {
     /// Pick from the budget and the file (see [`Streamer::resolve`](crate::Streamer::resolve)).
     Auto,

@@ -942,3 +942,28 @@ fn a_live_user_pin_coexists_with_every_strategy() {
     assert_eq!((budget.used(), mine.used()), (0, 0));
     t.assert_clean();
 }
+
+/// `verify` takes its bounce buffer from the budget before the plan is made;
+/// `resolve` accounts for it, so the plan it reports is the one that runs.
+#[test]
+fn verify_runs_the_plan_resolve_reported() {
+    let t = start();
+    let dir = DiskDir::new("verifyplan");
+    let (file, _) = data_file(&dir, 34, LEN);
+    let dev = Device::get(0).unwrap();
+    let page = 4096u64;
+    let pages = (LEN as u64).div_ceil(page) * page;
+    // Room for the whole file, but not for the whole file and a 1 MiB bounce buffer.
+    let budget = PinBudget::new(pages + page + (512 << 10));
+    let mut cfg = StreamConfig::new(Strategy::Auto, budget.clone());
+    cfg.verify = true;
+    let s = Streamer::new(&[dev], cfg).unwrap();
+    let planned = s.resolve(LEN as u64);
+    let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+    let report = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+    assert_eq!(report.strategy, planned, "{report}");
+    assert_ne!(planned, Strategy::WholeFile);
+    assert_eq!(report.verified, Some(true));
+    drop((s, dst));
+    t.assert_clean();
+}

@@ -19,6 +19,7 @@ pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 /// cfg.progress = Some(std::sync::Arc::new(|done, total| eprintln!("{done}/{total}")));
 /// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct StreamConfig {
     /// The strategy, or [`Strategy::Auto`].
     pub strategy: Strategy,
@@ -68,5 +69,51 @@ impl StreamConfig {
     /// ```
     pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
         StreamConfig { strategy, budget, mlock: false, verify: false, progress: None, second_context: true }
+    }
+
+    /// With [`StreamConfig::mlock`] set to `on`.
+    ///
+    /// ```
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
+    /// let cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)).with_mlock(true).with_verify(true);
+    /// assert!(cfg.mlock && cfg.verify);
+    /// ```
+    pub fn with_mlock(mut self, on: bool) -> Self {
+        self.mlock = on;
+        self
+    }
+
+    /// With [`StreamConfig::verify`] set to `on`.
+    ///
+    /// ```
+    /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::Auto, wirespeed_pinned::PinBudget::unlimited());
+    /// assert!(cfg.with_verify(true).verify);
+    /// ```
+    pub fn with_verify(mut self, on: bool) -> Self {
+        self.verify = on;
+        self
+    }
+
+    /// With a [`Progress`] callback.
+    ///
+    /// ```
+    /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::Auto, wirespeed_pinned::PinBudget::unlimited())
+    ///     .with_progress(|done, total| eprintln!("{done}/{total}"));
+    /// assert!(cfg.progress.is_some());
+    /// ```
+    pub fn with_progress(mut self, f: impl Fn(u64, u64) + Send + Sync + 'static) -> Self {
+        self.progress = Some(Arc::new(f));
+        self
+    }
+
+    /// With [`StreamConfig::second_context`] set to `on`.
+    ///
+    /// ```
+    /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::Auto, wirespeed_pinned::PinBudget::unlimited());
+    /// assert!(!cfg.with_second_context(false).second_context);
+    /// ```
+    pub fn with_second_context(mut self, on: bool) -> Self {
+        self.second_context = on;
+        self
     }
 }

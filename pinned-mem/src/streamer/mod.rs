@@ -293,7 +293,10 @@ impl Streamer {
             return strategy;
         }
         let kept = s.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
-        let avail = s.usable(kept);
+        // With `verify`, the bounce buffer is taken from the budget before the
+        // plan is made: the plan reported here is the one that will run.
+        let bounce = if s.config.verify { align_up(file_len.clamp(1, VERIFY_BOUNCE), page_size()) } else { 0 };
+        let avail = s.usable(kept).saturating_sub(bounce);
         plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
     }
 

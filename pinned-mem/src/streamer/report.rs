@@ -5,16 +5,28 @@ use crate::util::Bytes;
 
 /// What a transfer did.
 ///
+/// A report comes from a transfer; it can grow fields in later versions
+/// (`#[non_exhaustive]`), so match it with `..`.
+///
 /// ```
-/// let r = wirespeed_pinned::Report {
-///     strategy: wirespeed_pinned::Strategy::WholeFile, bytes: 2_000_000_000, seconds: 0.04, cpu_seconds: 0.01,
-///     peak_pinned: 2 << 30, registrations: 0, verified: None,
-///     windows: wirespeed_pinned::WindowContext::None,
-/// };
-/// assert!((r.gbps() - 50.0).abs() < 1e-9);
-/// println!("{r}");
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?;
+/// # let path = std::env::temp_dir().join(format!("wirespeed-doc-report-{}", std::process::id()));
+/// # std::fs::write(&path, vec![7u8; 1 << 20])?;
+/// use wirespeed_pinned::*;
+/// let dev = wirespeed_cuda::Device::get(0)?;
+/// let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+/// // SAFETY: nobody writes or truncates the file while it is mapped.
+/// let file = unsafe { MappedFile::open(&path) }?;
+/// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+/// let r = s.to_device(&file, 0..1 << 20, &mut dst)?;
+/// let Report { strategy, bytes, .. } = &r;
+/// assert_eq!((*strategy, *bytes), (Strategy::WholeFile, 1 << 20));
+/// println!("{r}: {:.2} GB/s, {:.3} CPU s/GB", r.gbps(), r.cpu_per_gb());
+/// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Report {
     /// The strategy used (what `Auto` resolved to, sizes rounded).
     pub strategy: Strategy,
@@ -44,6 +56,7 @@ pub struct Report {
 /// assert_eq!(WindowContext::SecondContext.to_string(), "windows in a second context");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WindowContext {
     /// No windows were registered (whole-file, ring or direct, or nothing to move).
     None,
@@ -73,22 +86,14 @@ impl std::fmt::Display for WindowContext {
 }
 
 impl Report {
-    /// Decimal gigabytes per second (`bytes / seconds / 1e9`).
-    ///
-    /// ```
-    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 0, seconds: 0.0, cpu_seconds: 0.0, peak_pinned: 0, registrations: 0, verified: None, windows: wirespeed_pinned::WindowContext::None };
-    /// assert_eq!(r.gbps(), 0.0);
-    /// ```
+    /// Decimal gigabytes per second (`bytes / seconds / 1e9`); 0 for an
+    /// instant transfer. Used in [`Report`]'s example.
     pub fn gbps(&self) -> f64 {
         if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
     }
 
-    /// CPU seconds per decimal gigabyte moved.
-    ///
-    /// ```
-    /// # let r = wirespeed_pinned::Report { strategy: wirespeed_pinned::Strategy::Auto, bytes: 1_000_000_000, seconds: 1.0, cpu_seconds: 0.5, peak_pinned: 0, registrations: 0, verified: None, windows: wirespeed_pinned::WindowContext::None };
-    /// assert_eq!(r.cpu_per_gb(), 0.5);
-    /// ```
+    /// CPU seconds per decimal gigabyte moved; 0 when nothing moved. Used in
+    /// [`Report`]'s example.
     pub fn cpu_per_gb(&self) -> f64 {
         if self.bytes > 0 { self.cpu_seconds / (self.bytes as f64 / 1e9) } else { 0.0 }
     }

@@ -75,7 +75,7 @@ fn workers(s: Option<Strategy>) -> Option<usize> {
         Strategy::Ring { threads, .. } | Strategy::Direct { threads, .. } => Some(threads),
         Strategy::Hybrid { threads, .. } => Some(threads + 1),
         Strategy::Windows { .. } | Strategy::WholeFile => Some(1),
-        Strategy::Auto => None,
+        _ => None, // Auto, or a strategy this bench does not know
     }
 }
 
