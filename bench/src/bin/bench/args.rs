@@ -116,6 +116,24 @@ fn parse_ring_cache(v: &str) -> Result<(usize, usize, usize), String> {
     Ok((threads, slot as usize, per))
 }
 
+/// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
+/// `windows:WINDOW,IN_FLIGHT` or `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G).
+fn parse_strategy(v: &str) -> Result<wirespeed_pinned::Strategy, String> {
+    use wirespeed_pinned::Strategy;
+    let (kind, args) = v.split_once(':').ok_or("give KIND:ARGS, e.g. hybrid:112M,4M,4")?;
+    let a: Vec<&str> = args.split(',').map(str::trim).collect();
+    let size = |s: &str| parse_size(s).map(|x| x as usize);
+    let count = |s: &str| s.parse::<usize>().map_err(|e| format!("{s}: {e}"));
+    let s = match (kind, &a[..]) {
+        ("hybrid", [w, s, t]) => Strategy::Hybrid { window: size(w)?, slot: size(s)?, threads: count(t)? },
+        ("ring", [n, s, t]) => Strategy::Ring { slots: count(n)?, slot: size(s)?, threads: count(t)? },
+        ("direct", [n, s, t]) => Strategy::Direct { slots: count(n)?, slot: size(s)?, threads: count(t)? },
+        ("windows", [w, k]) => Strategy::Windows { window: size(w)?, in_flight: count(k)? },
+        _ => return Err(format!("{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K")),
+    };
+    Ok(s)
+}
+
 fn parse_budget(v: &str) -> Result<u64, String> {
     match parse_size(v)? {
         s if s < 4096 => Err("must be at least 4 KiB".into()),
@@ -154,6 +172,12 @@ pub struct Options {
     /// The ring-cache row's shape: THREADS,SLOT,SLOTS_PER_THREAD (default 8,4M,4: 128 MiB pinned)
     #[arg(long, value_name = "T,SLOT,K", value_parser = parse_ring_cache, default_value = "8,4M,4")]
     pub ring_cache: (usize, usize, usize),
+
+    /// Extra rows, each a strategy spelled out (hybrid:WINDOW,SLOT,THREADS, ring:SLOTS,SLOT,THREADS,
+    /// windows:WINDOW,IN_FLIGHT, direct:SLOTS,SLOT,THREADS), run within the pin budget as
+    /// `custom-1`, `custom-2`, ... after the others: for trying what `auto` could pick
+    #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
+    pub custom: Vec<wirespeed_pinned::Strategy>,
 
     /// Most filler threads for the pinned ring (default: the number of cores; at most 1024)
     #[arg(long, value_name = "N", value_parser = parse_count)]

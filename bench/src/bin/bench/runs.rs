@@ -635,6 +635,12 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         spec.reps = target_reps;
         rows.push(library(b, data, &mut dest, spec)?);
     }
+    for (i, strategy) in b.opts.custom.clone().into_iter().enumerate() {
+        let what = format!("a strategy given with --strategy, within the {} pin budget", fmt_bytes(budget));
+        let mut spec = lib(&format!("custom-{}", i + 1), what, strategy, lim(), false);
+        spec.reps = target_reps;
+        rows.push(library(b, data, &mut dest, spec)?);
+    }
     if sel("budget-reuse") {
         // A registration rounds out to pages and may need one more: stay two pages under the budget.
         let n = (budget.saturating_sub(8 * KIB).min(data.len) / (4 * KIB) * (4 * KIB)).max(data.len.min(4 * KIB));
