@@ -19,7 +19,10 @@
  * Concurrency: one global mutex (g_lock) guards every table and every stream,
  * event, context and operation field. The driver's context stack is per thread
  * (thread-local, as in the driver). Each stream has a worker thread and two condition
- * variables (work queued / work done) used with g_lock. The lock is never held
+ * variables (work queued / work done) used with g_lock: the emulator's own
+ * (emu_cv, section 5), not glibc's, whose lost-wakeup bug (sourceware BZ 25847,
+ * in glibc before 2.41) hung the emulator after about a million operations; and
+ * every wait is bounded and re-checks its predicate. The lock is never held
  * while a worker sleeps for the delay, copies for an operation or runs a host
  * function. Counters read outside the lock are atomics.
  */
@@ -33,7 +36,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -491,6 +497,55 @@ static void sleep_us(unsigned us) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
+/* A condition variable for waiters that hold g_lock: a sequence number that
+ * every broadcast bumps, and a futex on it. Used instead of pthread_cond_t.
+ *
+ * Why: glibc's condition variable (2.25 to 2.40) can lose a wakeup when a
+ * waiter from an older group "steals" a signal of the current one (sourceware
+ * BZ 25847, fixed in 2.41): the waiter that lost it sleeps on with its group
+ * reference held, and the next pthread_cond_broadcast blocks forever in
+ * __condvar_quiesce_and_switch_g1 waiting for that reference. The emulator
+ * broadcasts done_cv under g_lock after every operation, so after about 1.4
+ * million operations one worker hung in pthread_cond_broadcast holding g_lock,
+ * and every other thread (cudaEventSynchronize, cudaFree's drain) behind it.
+ *
+ * This one cannot lose a wakeup: the waiter reads the sequence number under
+ * g_lock, and FUTEX_WAIT sleeps only while it is unchanged; a broadcast bumps
+ * it under g_lock and wakes every sleeper. `waiters` (under g_lock) lets a
+ * broadcast with nobody waiting skip the system call. Each wait is bounded
+ * (CV_WAIT_NS): callers loop on their predicate, so even a missed wakeup would
+ * cost a moment, never a hang. Wakeups may be spurious. */
+typedef struct {
+    _Atomic uint32_t seq;
+    int waiters; /* under g_lock */
+} emu_cv;
+
+enum { CV_WAIT_NS = 50 * 1000 * 1000 };
+
+static void cv_init(emu_cv *cv) {
+    atomic_init(&cv->seq, 0);
+    cv->waiters = 0;
+}
+
+/* Wakes every waiter. g_lock held. */
+static void cv_broadcast(emu_cv *cv) {
+    atomic_fetch_add(&cv->seq, 1);
+    if (cv->waiters > 0) syscall(SYS_futex, &cv->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Releases g_lock, sleeps until a broadcast (or at most CV_WAIT_NS), takes
+ * g_lock again. The caller re-checks its predicate, and keeps `cv` alive
+ * (holds a reference to its owner). */
+static void cv_wait(emu_cv *cv) {
+    uint32_t seen = atomic_load(&cv->seq);
+    cv->waiters++;
+    pthread_mutex_unlock(&g_lock);
+    struct timespec ts = {0, CV_WAIT_NS};
+    syscall(SYS_futex, &cv->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+    pthread_mutex_lock(&g_lock);
+    cv->waiters--;
+}
+
 static int overlaps(uintptr_t a, uintptr_t alen, uintptr_t b, uintptr_t blen) {
     return a < b + blen && b < a + alen;
 }
@@ -538,8 +593,8 @@ struct emu_stream {
     uint64_t done_seq;         /* ... of the last completed one (FIFO: monotonic) */
     op_t *head, *tail;
     op_t *running;             /* the operation the worker runs now (off the queue), or NULL */
-    pthread_cond_t work_cv;    /* signalled when work is queued or on destroy */
-    pthread_cond_t done_cv;    /* broadcast after each completed operation */
+    emu_cv work_cv;            /* broadcast when work is queued or on destroy */
+    emu_cv done_cv;            /* broadcast after each completed operation */
 };
 
 struct emu_event {
@@ -563,8 +618,6 @@ static void stream_unref_locked(stream *s) {
     if (--s->refs > 0) return;
     for (stream **pp = &g_streams; *pp; pp = &(*pp)->next_all)
         if (*pp == s) { *pp = s->next_all; break; }
-    pthread_cond_destroy(&s->work_cv);
-    pthread_cond_destroy(&s->done_cv);
     free(s);
 }
 
@@ -573,7 +626,7 @@ static int pending(const stream *s) { return s->done_seq < s->enq_seq; }
 /* Waits (g_lock held, released while waiting) until s has completed `seq`. */
 static void wait_seq_locked(stream *s, uint64_t seq) {
     s->refs++;
-    while (s->done_seq < seq) pthread_cond_wait(&s->done_cv, &g_lock);
+    while (s->done_seq < seq) cv_wait(&s->done_cv);
     stream_unref_locked(s);
 }
 
@@ -593,7 +646,7 @@ static void *worker_main(void *arg) {
     stream *s = arg;
     pthread_mutex_lock(&g_lock);
     for (;;) {
-        while (!s->head && !s->destroyed) pthread_cond_wait(&s->work_cv, &g_lock);
+        while (!s->head && !s->destroyed) cv_wait(&s->work_cv);
         op_t *o = s->head;
         if (!o) break; /* destroyed and drained */
         s->head = o->next;
@@ -601,7 +654,7 @@ static void *worker_main(void *arg) {
         s->running = o;
         for (int i = 0; i < o->ndeps; i++)
             while (o->deps[i].s->done_seq < o->deps[i].seq)
-                pthread_cond_wait(&o->deps[i].s->done_cv, &g_lock);
+                cv_wait(&o->deps[i].s->done_cv);
         pthread_mutex_unlock(&g_lock);
 
         if (o->delay_us) sleep_us(o->delay_us);
@@ -616,7 +669,7 @@ static void *worker_main(void *arg) {
         g_counters.ops_executed++;
         s->done_seq = o->seq;
         s->running = NULL;
-        pthread_cond_broadcast(&s->done_cv);
+        cv_broadcast(&s->done_cv);
         for (int i = 0; i < o->ndeps; i++) stream_unref_locked(o->deps[i].s);
         if (o->ev) event_unref_locked(o->ev);
         free(o->deps);
@@ -638,8 +691,8 @@ static int stream_new_locked(int device, unsigned flags, int priority, int legac
     s->legacy = legacy;
     s->live = 1;
     s->refs = 2; /* the owner (handle or device) and the worker */
-    pthread_cond_init(&s->work_cv, NULL);
-    pthread_cond_init(&s->done_cv, NULL);
+    cv_init(&s->work_cv);
+    cv_init(&s->done_cv);
     pthread_attr_t attr;
     pthread_t th;
     pthread_attr_init(&attr);
@@ -647,8 +700,6 @@ static int stream_new_locked(int device, unsigned flags, int priority, int legac
     int rc = pthread_create(&th, &attr, worker_main, s);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
-        pthread_cond_destroy(&s->work_cv);
-        pthread_cond_destroy(&s->done_cv);
         free(s);
         return cudaErrorMemoryAllocation;
     }
@@ -731,7 +782,7 @@ static int enqueue_locked(stream *s, op_t *o, stream *extra, uint64_t extra_seq,
     if (s->tail) s->tail->next = o;
     else s->head = o;
     s->tail = o;
-    pthread_cond_signal(&s->work_cv);
+    cv_broadcast(&s->work_cv);
     if (seq) *seq = o->seq;
     return cudaSuccess;
 }
@@ -750,7 +801,7 @@ static int drain_locked(int device) {
             snap[k++] = (dep_t){s, s->enq_seq};
         }
     for (size_t i = 0; i < k; i++) {
-        while (snap[i].s->done_seq < snap[i].seq) pthread_cond_wait(&snap[i].s->done_cv, &g_lock);
+        while (snap[i].s->done_seq < snap[i].seq) cv_wait(&snap[i].s->done_cv);
     }
     for (size_t i = 0; i < k; i++) stream_unref_locked(snap[i].s);
     free(snap);
@@ -1400,7 +1451,7 @@ EXPORT cudaError_t cudaStreamDestroy(cudaStream_t h) {
             if (s == h && s->live && !s->legacy) {
                 s->live = 0;
                 s->destroyed = 1; /* the worker drains the queue, then exits */
-                pthread_cond_signal(&s->work_cv);
+                cv_broadcast(&s->work_cv);
                 g_counters.streams--;
                 stream_unref_locked(s);
                 e = cudaSuccess;
@@ -1550,7 +1601,7 @@ EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event_h) {
         stream *s = ev->last_stream;
         ev->refs++;
         s->refs++;
-        while (ev->done_gen < target) pthread_cond_wait(&s->done_cv, &g_lock);
+        while (ev->done_gen < target) cv_wait(&s->done_cv);
         stream_unref_locked(s);
         event_unref_locked(ev);
     }
