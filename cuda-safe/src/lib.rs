@@ -80,6 +80,7 @@
 mod context;
 mod device;
 mod error;
+mod hostfn;
 mod memory;
 mod raw;
 mod stream;

@@ -423,8 +423,21 @@ static int foreign_context(const char *fn) {
     return cudaErrorIncompatibleDriverContext;
 }
 
+/* Set on a stream worker while it runs a host function (cudaLaunchHostFunc).
+ * The runtime forbids CUDA calls there ("may result in cudaErrorNotPermitted");
+ * the emulator always refuses them, loudly: a call that waits for the stream
+ * (a free, a synchronize) would otherwise wait for itself and hang. */
+static __thread int tl_in_host_fn;
+
+static int in_host_fn(const char *fn) {
+    if (!tl_in_host_fn) return 0;
+    fprintf(stderr, "cudart_emu: %s called from a host function (cudaLaunchHostFunc), which must not call CUDA\n", fn);
+    return cudaErrorNotPermitted;
+}
+
 /* Prologue of every runtime function: counts the call, returns an injected fault,
- * then the sticky error, then refuses a call made while a created context is
+ * then refuses a call from a host function (in_host_fn), then returns the
+ * sticky error, then refuses a call made while a created context is
  * current (see foreign_context). ENTER_RELEASE leaves the sticky error in `st`
  * so that destroy and free calls can still release their bookkeeping.
  * ENTER_NO_STICKY is for the version queries, which work after a lost context;
@@ -433,6 +446,7 @@ static int foreign_context(const char *fn) {
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return set_err(e_);           \
+        if ((e_ = in_host_fn(#name)) != 0) return set_err(e_);        \
         if ((e_ = atomic_load(&g_sticky)) != 0) return set_err(e_);   \
         if ((e_ = foreign_context(#name)) != 0) return set_err(e_);   \
     } while (0)
@@ -440,6 +454,7 @@ static int foreign_context(const char *fn) {
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return set_err(e_);           \
+        if ((e_ = in_host_fn(#name)) != 0) return set_err(e_);        \
         if ((e_ = foreign_context(#name)) != 0) return set_err(e_);   \
         (st) = atomic_load(&g_sticky);                                \
     } while (0)
@@ -461,12 +476,14 @@ static int foreign_context(const char *fn) {
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return e_;                    \
+        if (in_host_fn(#name)) return CUDA_ERROR_NOT_PERMITTED;       \
         if ((e_ = atomic_load(&g_sticky)) != 0) return e_;            \
     } while (0)
 #define DENTER_RELEASE(name, st)                                      \
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return e_;                    \
+        if (in_host_fn(#name)) return CUDA_ERROR_NOT_PERMITTED;       \
         (st) = atomic_load(&g_sticky);                                \
     } while (0)
 
@@ -634,7 +651,11 @@ static void run_op(op_t *o) {
     switch (o->kind) {
     case OP_COPY: memmove(o->dst, o->staging ? o->staging : o->src, o->n); break;
     case OP_MEMSET: memset(o->dst, o->value, o->n); break;
-    case OP_HOSTFN: o->fn(o->arg); break;
+    case OP_HOSTFN:
+        tl_in_host_fn = 1;
+        o->fn(o->arg);
+        tl_in_host_fn = 0;
+        break;
     case OP_EVENT: clock_gettime(CLOCK_MONOTONIC, &o->when); break;
     default: break;
     }
