@@ -856,7 +856,9 @@ static int event_done(const event *ev) { return ev->done_gen >= ev->gen; }
 
 typedef struct { uintptr_t start; size_t size, maplen; int device; } devalloc_t;
 typedef struct { uintptr_t start; size_t maplen; } freed_t;
-typedef struct { uintptr_t start; size_t size, maplen; unsigned flags; int device; } hostblock_t;
+/* A cudaHostAlloc block: `start` is what the caller got, inside the mapping
+ * [map, map + maplen) (see HOST_ALLOC_LOOSE_BELOW). */
+typedef struct { uintptr_t start; size_t size; uintptr_t map; size_t maplen; unsigned flags; int device; } hostblock_t;
 /* A registration: by the runtime or the driver in a primary context (ctx NULL),
  * or by the driver in a created context (ctx, with its id). */
 typedef struct { uintptr_t orig, start; size_t len; unsigned flags; int device; ctx_t *ctx; uint64_t ctx_id; } hostreg_t;
@@ -984,7 +986,7 @@ static int register_conflict_locked(uintptr_t rs, size_t len) {
     for (size_t i = 0; i < g_hostregs.n; i++)
         if (overlaps(rs, len, g_hostregs.v[i].start, g_hostregs.v[i].len)) return cudaErrorHostMemoryAlreadyRegistered;
     for (size_t i = 0; i < g_hostblocks.n; i++)
-        if (overlaps(rs, len, g_hostblocks.v[i].start, g_hostblocks.v[i].maplen))
+        if (overlaps(rs, len, g_hostblocks.v[i].map, g_hostblocks.v[i].maplen))
             return cudaErrorHostMemoryAlreadyRegistered;
     for (size_t i = 0; i < g_devallocs.n; i++)
         if (overlaps(rs, len, g_devallocs.v[i].start, g_devallocs.v[i].maplen)) return cudaErrorInvalidValue;
@@ -1268,24 +1270,33 @@ EXPORT cudaError_t cudaFree(void *ptr) {
 
 /* --- pinned and registered host memory --- */
 
+/* The real cudaHostAlloc promises no page alignment: small blocks come out of
+ * a pool, aligned to a few hundred bytes. The emulator is as loose: a block
+ * below this size starts HOST_ALLOC_LOOSE_OFFSET bytes into its first page, so
+ * that code assuming page alignment (O_DIRECT buffers) fails here, not only on
+ * a GPU. Larger blocks are page-aligned. */
+enum { HOST_ALLOC_LOOSE_BELOW = 1 << 20, HOST_ALLOC_LOOSE_OFFSET = 256 };
+
 EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned flags) {
     ENTER(cudaHostAlloc);
     int d, e = current_device(&d);
     if (e) return set_err(e);
     if (!ptr || (flags & ~(unsigned)HOST_ALLOC_FLAGS)) return set_err(cudaErrorInvalidValue);
     if (size == 0) { *ptr = NULL; return cudaSuccess; }
-    size_t maplen = round_up(size);
+    size_t off = size < HOST_ALLOC_LOOSE_BELOW ? HOST_ALLOC_LOOSE_OFFSET : 0;
+    size_t maplen = round_up(size + off);
     if (maplen < size) return set_err(cudaErrorMemoryAllocation);
     void *p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return set_err(cudaErrorMemoryAllocation);
+    uintptr_t start = (uintptr_t)p + off;
     pthread_mutex_lock(&g_lock);
-    if (!VEC_PUSH(g_hostblocks, ((hostblock_t){(uintptr_t)p, size, maplen, flags, d}))) {
+    if (!VEC_PUSH(g_hostblocks, ((hostblock_t){start, size, (uintptr_t)p, maplen, flags, d}))) {
         munmap(p, maplen);
         e = cudaErrorMemoryAllocation;
     } else {
         g_counters.pinned_allocs++;
         g_counters.pinned_bytes += size;
-        *ptr = p;
+        *ptr = (void *)start;
     }
     pthread_mutex_unlock(&g_lock);
     return set_err(e);
@@ -1309,7 +1320,7 @@ EXPORT cudaError_t cudaFreeHost(void *ptr) {
     g_counters.pinned_bytes -= b.size;
     drain_locked(-1); /* real cudaFreeHost synchronizes every device */
     pthread_mutex_unlock(&g_lock);
-    munmap((void *)b.start, b.maplen);
+    munmap((void *)b.map, b.maplen);
     return set_err(st);
 }
 
