@@ -52,6 +52,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// copies full ones, and a slot is free again only once its copy's event has
 /// completed. Cloning gives another handle to the same ring.
 ///
+/// Every slot handle ([`FreeSlot`], [`FullSlot`], [`InFlightSlot`]) holds the
+/// ring's shared state: forgetting one (`mem::forget`) keeps the whole ring
+/// (its pinned slots and its budget reservation) alive for the rest of the
+/// process, whatever happens to the `PinnedRing` handles, and with it every
+/// [`Stream`] that the slots' events were recorded on (see the module docs).
+/// Never unsound: nothing is freed under a copy.
+///
 /// ```no_run
 /// use wirespeed_pinned::{PinBudget, PinnedRing};
 /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
@@ -455,7 +462,9 @@ impl RingInner {
 }
 
 /// A slot nobody uses: its last copies completed. The only way to write a slot.
-/// Dropping it returns it to the ring's free list.
+/// Dropping it returns it to the ring's free list. Forgetting it loses the slot
+/// and keeps the whole ring alive for the rest of the process (its slots, its
+/// budget reservation, and the streams its slots' events were recorded on).
 ///
 /// ```no_run
 /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
@@ -644,7 +653,9 @@ impl Drop for FreeSlot {
 
 /// A filled slot: the host may read it; the device gets it through
 /// [`FullSlot::copy_to_device`] or [`FullSlot::submit`], which consume it.
-/// Dropping it unused returns it to the free list.
+/// Dropping it unused returns it to the free list. Forgetting it loses the slot
+/// and keeps the whole ring alive for the rest of the process (its slots, its
+/// budget reservation, and the streams its slots' events were recorded on).
 ///
 /// ```no_run
 /// # use wirespeed_cuda::*;
@@ -830,6 +841,12 @@ impl Drop for FullSlot {
 /// A slot whose copies were submitted: no access to its memory. Dropping it
 /// returns it to the ring's in-flight queue, from which it is handed out again
 /// only after its events completed; [`InFlightSlot::wait`] does that now.
+///
+/// Forgetting it (`mem::forget`) loses the slot, never soundness: its memory is
+/// never freed (the copy may still read it), and the whole ring stays alive for
+/// the rest of the process: its slots, its budget reservation, and the streams
+/// its slots' events were recorded on (each event keeps its stream: the handle,
+/// and on a GPU its place in the context).
 pub struct InFlightSlot {
     slot: Option<Slot>,
     ring: Arc<RingInner>,

@@ -260,3 +260,61 @@ fn sizes_and_budget_are_checked() {
     }
     t.assert_clean();
 }
+
+const FORGET_IN_FLIGHT_CHILD: &str = "PINNED_RING_FORGET_IN_FLIGHT_CHILD";
+
+/// A forgotten in-flight slot keeps the ring and the stream its event was
+/// recorded on alive, and nothing is freed under its copy. It leaks by design,
+/// so this runs in a child process whose leaks do not matter.
+#[test]
+fn forgotten_in_flight_slot_keeps_the_ring_and_its_stream() {
+    let t = start();
+    wirespeed_tests::run_child_expecting(
+        "forgotten_in_flight_child",
+        false,
+        &[(FORGET_IN_FLIGHT_CHILD, "1")],
+        "FORGET-IN-FLIGHT-OK",
+    );
+    t.assert_clean();
+}
+
+/// Runs only in the child process started above.
+#[test]
+fn forgotten_in_flight_child() {
+    if std::env::var_os(FORGET_IN_FLIGHT_CHILD).is_none() {
+        return;
+    }
+    let t = start();
+    let dev = Device::get(0).unwrap();
+    let budget = PinBudget::new(1 << 20);
+    let data = pattern(23, 64 << 10);
+    let mut dst = DeviceBuffer::<u8>::new(&dev, data.len()).unwrap();
+    let ring = PinnedRing::new(2, 64 << 10, &budget).unwrap();
+    let stream = Stream::new(&dev).unwrap();
+    let pinned = ring.pinned_bytes();
+    let counts =
+        |t: &wirespeed_tests::Ctx| t.counters().map(|c| (c.pinned_allocs, c.streams, c.events, c.bytes_copied));
+    let before = counts(&t);
+    t.set_delay_us(100_000); // the copy stays in flight while the handles go
+    let full = ring.acquire().unwrap().copy_from(&data).unwrap();
+    std::mem::forget(full.copy_to_device(&stream, &mut dst).unwrap());
+    drop(ring);
+    drop(stream);
+    if let (Some((allocs0, streams0, _, copied0)), Some((allocs, streams, events, copied))) = (before, counts(&t)) {
+        assert_eq!(copied, copied0, "the copy is still in flight");
+        assert_eq!(allocs, allocs0, "no slot was freed under the copy");
+        assert_eq!(streams, streams0, "the stream stays alive (its handles are gone)");
+        assert!(events >= 1, "the slot's event stays alive");
+    }
+    assert_eq!(budget.used(), pinned, "the ring's reservation stays drawn");
+    // The copy completes from the leaked (still allocated) slot.
+    assert_eq!(dst.to_vec().unwrap(), data);
+    t.set_delay_us(0);
+    drop(dst);
+    if let (Some((allocs0, streams0, ..)), Some((allocs, streams, events, _))) = (before, counts(&t)) {
+        assert_eq!((allocs, streams), (allocs0, streams0), "the ring and its stream stay for the process");
+        assert!(events >= 1);
+    }
+    assert_eq!(budget.used(), pinned);
+    println!("FORGET-IN-FLIGHT-OK");
+}
