@@ -20,9 +20,9 @@
 //! thread exits after [`IDLE`].
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 /// How long an idle pool thread waits for work before it exits.
@@ -71,41 +71,39 @@ pub(crate) fn release() {
 
 type Job = (Box<dyn FnOnce() + Send>, Arc<Gate>);
 
-struct Pool {
-    tx: Mutex<Sender<Job>>,
-    rx: Arc<Mutex<Receiver<Job>>>,
-    /// Idle threads that no job has claimed yet.
-    idle: Arc<AtomicUsize>,
+// The pool: plain statics (no lazy initialization), a queue and its condition
+// variable.
+static QUEUE: Mutex<VecDeque<Job>> = Mutex::new(VecDeque::new());
+static QUEUED: Condvar = Condvar::new();
+/// Idle pool threads that no job has claimed yet.
+static UNCLAIMED: AtomicUsize = AtomicUsize::new(0);
+
+fn lock_queue() -> std::sync::MutexGuard<'static, VecDeque<Job>> {
+    QUEUE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let (tx, rx) = channel();
-        Pool { tx: Mutex::new(tx), rx: Arc::new(Mutex::new(rx)), idle: Arc::new(AtomicUsize::new(0)) }
-    })
-}
-
-fn worker(rx: &Mutex<Receiver<Job>>, idle: &AtomicUsize) {
+fn worker() {
+    let mut queue = lock_queue();
     loop {
-        let job = rx.lock().unwrap_or_else(PoisonError::into_inner).recv_timeout(IDLE);
-        match job {
-            Ok((f, gate)) => {
-                HELD.with(|h| *h.borrow_mut() = Some(gate));
-                // A panic must not end the thread (or reach the runtime).
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-                release();
-                idle.fetch_add(1, Ordering::AcqRel);
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                // Exit only if no job claimed this thread meanwhile: claims
-                // and exits take from the same count, so every claimed job
-                // keeps a thread waiting for it.
-                if idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
-                    return;
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => return,
+        if let Some((f, gate)) = queue.pop_front() {
+            drop(queue);
+            HELD.with(|h| *h.borrow_mut() = Some(gate));
+            // A panic must not end the thread (or reach the runtime).
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            release();
+            UNCLAIMED.fetch_add(1, Ordering::AcqRel);
+            queue = lock_queue();
+            continue;
+        }
+        let (q, waited) = QUEUED.wait_timeout(queue, IDLE).unwrap_or_else(PoisonError::into_inner);
+        queue = q;
+        // Exit only if no job claimed this thread meanwhile: claims and exits
+        // take from the same count, so every claimed job keeps a thread for it.
+        if waited.timed_out()
+            && queue.is_empty()
+            && UNCLAIMED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+        {
+            return;
         }
     }
 }
@@ -114,24 +112,13 @@ fn worker(rx: &Mutex<Receiver<Job>>, idle: &AtomicUsize) {
 /// stream. Called from the CUDA callback. If no thread can be started, runs
 /// `f` here (as CUDA would).
 pub(crate) fn run(f: Box<dyn FnOnce() + Send>) {
-    let pool = pool();
     let gate = Arc::new(Gate { open: Mutex::new(false), cv: Condvar::new() });
-    let claimed = pool.idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok();
-    if !claimed {
-        let (rx, idle) = (pool.rx.clone(), pool.idle.clone());
-        let spawned =
-            std::thread::Builder::new().name("wirespeed-host-fn".into()).spawn(move || worker(&rx, &idle)).is_ok();
-        if !spawned {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            return;
-        }
+    let claimed = UNCLAIMED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok();
+    if !claimed && std::thread::Builder::new().name("wirespeed-host-fn".into()).spawn(worker).is_err() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        return;
     }
-    let sent = pool.tx.lock().unwrap_or_else(PoisonError::into_inner).send((f, gate.clone()));
-    match sent {
-        Ok(()) => gate.wait(),
-        // Unreachable (the pool keeps its receiver); run it here rather than lose it.
-        Err(e) => {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(e.0.0));
-        }
-    }
+    lock_queue().push_back((f, gate.clone()));
+    QUEUED.notify_one();
+    gate.wait();
 }
