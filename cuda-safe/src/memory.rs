@@ -639,8 +639,8 @@ unsafe impl HostMemory for Box<[u8]> {
     }
 }
 
-/// The pages of every live [`HostRegistration`], as `first page -> end`
-/// (byte addresses, disjoint). CUDA registers whole pages, so two buffers that
+/// The pages of every live [`HostRegistration`], as `first page -> (end,
+/// first registered byte)` (byte addresses, disjoint). CUDA registers whole pages, so two buffers that
 /// share a page cannot both be registered: the second is refused here, with
 /// the page named, instead of with CUDA's bare 712. A leaked registration
 /// keeps its pages (CUDA keeps them registered too).
@@ -649,7 +649,7 @@ mod pages {
     use std::collections::BTreeMap;
     use std::sync::{Mutex, OnceLock, PoisonError};
 
-    static LIVE: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+    static LIVE: Mutex<BTreeMap<usize, (usize, usize)>> = Mutex::new(BTreeMap::new());
 
     fn page_size() -> usize {
         static PAGE: OnceLock<usize> = OnceLock::new();
@@ -668,16 +668,35 @@ mod pages {
         (first, end)
     }
 
+    /// Whether CUDA still sees the registered byte at `p` as pinned host
+    /// memory. A leaked registration is forgotten by CUDA when its context
+    /// goes (a reset after a lost context, say), and its memory may then be
+    /// reused.
+    fn still_registered(p: usize) -> bool {
+        match crate::raw::pointer_attributes(p as *const std::ffi::c_void) {
+            Ok((ty, _)) => ty == wirespeed_cuda_sys::cudaMemoryType::cudaMemoryTypeHost.0,
+            Err(_) => {
+                crate::raw::clear_last_error();
+                false
+            }
+        }
+    }
+
     /// Claims the pages of `len > 0` bytes at `ptr` for a registration, or
     /// refuses them if a live registration holds one of them.
     pub(super) fn claim(call: &'static str, ptr: *const u8, len: usize) -> Result<()> {
         let (first, end) = span(ptr, len);
         let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((&f, &e)) = live.range(..end).next_back()
+        while let Some((&f, &(e, byte))) = live.range(..end).next_back()
             && e > first
         {
             let page = page_size();
             let (sf, se) = (first.max(f), end.min(e));
+            // A byte of the live registration in the shared pages.
+            if !still_registered(sf.max(byte)) {
+                live.remove(&f); // a leaked registration that CUDA has dropped
+                continue;
+            }
             return Err(Error::invalid(
                 call,
                 format!(
@@ -690,7 +709,7 @@ mod pages {
                 ),
             ));
         }
-        live.insert(first, end);
+        live.insert(first, (end, ptr as usize));
         Ok(())
     }
 
