@@ -94,6 +94,7 @@
 mod context;
 mod device;
 mod error;
+mod hostfn;
 mod memory;
 mod raw;
 mod stream;

@@ -1336,6 +1336,87 @@ unsafe impl HostMemory for Box<[u8]> {
     }
 }
 
+/// The pages of every live [`HostRegistration`], as `first page -> (end,
+/// first registered byte)` (byte addresses, disjoint). CUDA registers whole pages, so two buffers that
+/// share a page cannot both be registered: the second is refused here, with
+/// the page named, instead of with CUDA's bare 712. A leaked registration
+/// keeps its pages (CUDA keeps them registered too).
+mod pages {
+    use crate::error::{Error, Result};
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, OnceLock, PoisonError};
+
+    static LIVE: Mutex<BTreeMap<usize, (usize, usize)>> = Mutex::new(BTreeMap::new());
+
+    fn page_size() -> usize {
+        static PAGE: OnceLock<usize> = OnceLock::new();
+        *PAGE.get_or_init(|| {
+            // SAFETY: sysconf has no preconditions.
+            let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            usize::try_from(n).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
+        })
+    }
+
+    /// The pages `[first, end)` holding the `len > 0` bytes at `ptr`.
+    fn span(ptr: *const u8, len: usize) -> (usize, usize) {
+        let page = page_size();
+        let first = ptr as usize & !(page - 1);
+        let end = (ptr as usize).saturating_add(len).checked_next_multiple_of(page).unwrap_or(usize::MAX & !(page - 1));
+        (first, end)
+    }
+
+    /// Whether CUDA still sees the registered byte at `p` as pinned host
+    /// memory. A leaked registration is forgotten by CUDA when its context
+    /// goes (a reset after a lost context, say), and its memory may then be
+    /// reused.
+    fn still_registered(p: usize) -> bool {
+        match crate::raw::pointer_attributes(p as *const std::ffi::c_void) {
+            Ok((ty, _)) => ty == wirespeed_cuda_sys::cudaMemoryType::cudaMemoryTypeHost.0,
+            Err(_) => {
+                crate::raw::clear_last_error();
+                false
+            }
+        }
+    }
+
+    /// Claims the pages of `len > 0` bytes at `ptr` for a registration, or
+    /// refuses them if a live registration holds one of them.
+    pub(super) fn claim(call: &'static str, ptr: *const u8, len: usize) -> Result<()> {
+        let (first, end) = span(ptr, len);
+        let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some((&f, &(e, byte))) = live.range(..end).next_back()
+            && e > first
+        {
+            let page = page_size();
+            let (sf, se) = (first.max(f), end.min(e));
+            // A byte of the live registration in the shared pages.
+            if !still_registered(sf.max(byte)) {
+                live.remove(&f); // a leaked registration that CUDA has dropped
+                continue;
+            }
+            return Err(Error::invalid(
+                call,
+                format!(
+                    "the bytes {:#x}..{:#x} share the page(s) {sf:#x}..{se:#x} with a live HostRegistration of \
+                     {f:#x}..{e:#x} (CUDA registers whole {page}-byte pages, so it would answer \
+                     cudaErrorHostMemoryAlreadyRegistered): page-align the buffers (start and length multiples \
+                     of {page} bytes), or register one buffer that covers both",
+                    ptr as usize,
+                    ptr as usize + len,
+                ),
+            ));
+        }
+        live.insert(first, (end, ptr as usize));
+        Ok(())
+    }
+
+    /// Gives back the pages claimed for the bytes at `ptr` (once unregistered).
+    pub(super) fn unclaim(ptr: *const u8, len: usize) {
+        let (first, _) = span(ptr, len);
+        LIVE.lock().unwrap_or_else(PoisonError::into_inner).remove(&first);
+    }
+}
+
 /// Flags for [`HostRegistration::new`] and [`HostRegistration::new_in`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RegisterFlags {
@@ -1426,7 +1507,11 @@ impl<M: HostMemory> HostRegistration<M> {
     ///
     /// # Errors
     /// `cudaErrorInvalidValue` (e.g. a read-only mapping without `read_only`),
-    /// `cudaErrorHostMemoryAlreadyRegistered`, or [`Error::InvalidArgument`] when empty.
+    /// `cudaErrorHostMemoryAlreadyRegistered` (memory registered or allocated
+    /// pinned by other means), or [`Error::InvalidArgument`] when empty or when
+    /// `mem` shares a page with a live `HostRegistration` (CUDA registers whole
+    /// pages; the message names the shared pages: page-align the buffers, or
+    /// register one buffer that covers both).
     pub fn new(mem: M, flags: RegisterFlags) -> Result<Self> {
         Self::try_new(mem, flags).map_err(|(e, _)| e)
     }
@@ -1448,10 +1533,14 @@ impl<M: HostMemory> HostRegistration<M> {
                 Err(e) => return Err((e, mem)),
             }
         };
+        if let Err(e) = pages::claim("HostRegistration::new", ptr, len) {
+            return Err((e, mem));
+        }
         // SAFETY: `HostMemory` guarantees the range is mapped while `mem`
         // lives; we keep `mem` until after unregistering.
         if let Err(e) = unsafe { raw::host_register(ptr.cast_mut().cast(), len, flags.bits()) } {
             raw::clear_last_error();
+            pages::unclaim(ptr, len);
             return Err((e, mem));
         }
         Ok(HostRegistration {
@@ -1527,12 +1616,18 @@ impl<M: HostMemory> HostRegistration<M> {
             return Err((Error::invalid("HostRegistration::new_in", "cannot register an empty range"), mem));
         }
         let flags = RegisterFlags { portable: true, ..flags };
+        if let Err(e) = pages::claim("HostRegistration::new_in", ptr, len) {
+            return Err((e, mem));
+        }
         let p = ptr.cast_mut().cast::<c_void>();
         // SAFETY: `HostMemory` guarantees the range is mapped while `mem`
         // lives; we keep `mem` until after unregistering (or leak both).
         let registered = ctx.with_current(|| unsafe { raw::mem_host_register(p, len, flags.bits()) });
         match registered {
-            Err(e) | Ok((Err(e), _)) => Err((e, mem)), // not pushed, or not registered
+            Err(e) | Ok((Err(e), _)) => {
+                pages::unclaim(ptr, len);
+                Err((e, mem)) // not pushed, or not registered
+            }
             Ok((Ok(()), Ok(()))) => Ok(HostRegistration {
                 mem: std::mem::ManuallyDrop::new(mem),
                 ptr,
@@ -1549,7 +1644,9 @@ impl<M: HostMemory> HostRegistration<M> {
                 // too, the range stays registered in `ctx` until it is
                 // destroyed; no copy reads it, so handing `mem` back is sound.
                 // SAFETY: registered just above in `ctx`, never used.
-                let _ = ctx.with_current(|| unsafe { raw::mem_host_unregister(p) });
+                if let Ok((Ok(()), _)) = ctx.with_current(|| unsafe { raw::mem_host_unregister(p) }) {
+                    pages::unclaim(ptr, len);
+                }
                 Err((popped, mem))
             }
         }
@@ -1634,8 +1731,17 @@ impl<M: HostMemory> HostRegistration<M> {
 
     /// Waits for every copy that reads the memory, then unregisters it. Every
     /// way the registration ends comes here first (`into_inner`, `Drop`, which
-    /// retries once after an error), and only `Ok` frees the memory.
+    /// retries once after an error), and only `Ok` frees the memory (and its
+    /// pages, for later registrations).
     fn release(&mut self) -> Result<()> {
+        let res = self.unregister();
+        if res.is_ok() {
+            pages::unclaim(self.ptr, self.len);
+        }
+        res
+    }
+
+    fn unregister(&mut self) -> Result<()> {
         self.fence.wait_all()?;
         if let Some(ctx) = &self.context {
             let p = self.ptr.cast_mut().cast::<c_void>();

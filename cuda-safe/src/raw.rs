@@ -23,6 +23,8 @@ pub(crate) struct Queue {
 
 /// The loaded runtime's function table.
 pub(crate) fn api() -> Result<&'static Api> {
+    // A host function's closure calling CUDA lets its stream go on first.
+    crate::hostfn::release();
     Ok(wirespeed_cuda_sys::runtime()?.api())
 }
 
@@ -199,6 +201,7 @@ pub(crate) unsafe fn memcpy_async(
     kind: cudaMemcpyKind,
 ) -> Result<()> {
     let Queue { api, stream } = q;
+    crate::hostfn::release();
     // SAFETY: the caller's contract.
     check("cudaMemcpyAsync", unsafe { (api.cudaMemcpyAsync)(dst, src, bytes, kind, stream) })
 }
@@ -215,6 +218,7 @@ pub(crate) unsafe fn memset(dst: *mut c_void, value: u8, bytes: usize) -> Result
 /// `dst` is device memory valid for `bytes` until the stream reaches the memset.
 pub(crate) unsafe fn memset_async(q: Queue, dst: *mut c_void, value: u8, bytes: usize) -> Result<()> {
     let Queue { api, stream } = q;
+    crate::hostfn::release();
     // SAFETY: the caller's contract.
     check("cudaMemsetAsync", unsafe { (api.cudaMemsetAsync)(dst, c_int::from(value), bytes, stream) })
 }
@@ -347,6 +351,7 @@ pub(crate) fn clear_last_error() {
 
 /// The driver's function table (see [`wirespeed_cuda_sys::driver`]).
 pub(crate) fn driver() -> Result<&'static DriverApi> {
+    crate::hostfn::release();
     Ok(wirespeed_cuda_sys::driver()?.api())
 }
 

@@ -19,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use wirespeed_cuda_sys::{Api, cudaEvent_t, cudaStream_t};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    crate::hostfn::release(); // see hostfn: a holder may wait for this thread's stream
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -725,9 +726,17 @@ impl Stream {
         Ok(())
     }
 
-    /// Runs `f` on a runtime thread once the work given so far has finished, in
-    /// stream order. `f` must not call CUDA (the runtime forbids it and may
-    /// deadlock). If the context is lost before it runs, `f` is leaked, not run.
+    /// Runs `f` once the work given so far has finished, in stream order: the
+    /// stream's later work waits until `f` returns. If the context is lost
+    /// before it runs, `f` is leaked, not run.
+    ///
+    /// `f` runs on a library thread, not on the runtime's callback thread
+    /// (where CUDA calls are forbidden), so it may use this crate, e.g. drop
+    /// the last owner of a buffer that later work on this very stream uses.
+    /// Its first CUDA call (any call of this crate) then *releases* the
+    /// stream: the later work goes on without waiting for the rest of `f`,
+    /// since `f` may be about to wait for that work (holding the stream back
+    /// meanwhile would deadlock). A panic in `f` is caught and ends only `f`.
     ///
     /// ```
     /// # fn main() -> wirespeed_cuda::Result<()> {
@@ -745,8 +754,9 @@ impl Stream {
         unsafe extern "C" fn trampoline<F: FnOnce() + Send + 'static>(data: *mut c_void) {
             // SAFETY: `data` is the `Box<F>` leaked below, handed over exactly once.
             let f = unsafe { Box::from_raw(data.cast::<F>()) };
-            // A panic must not unwind into the runtime's C thread.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            // On a library thread; returns once `f` returned or released the
+            // stream. A panic must not unwind into the runtime's C thread.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::hostfn::run(f)));
         }
         self.inner.device.ensure_current()?;
         let data = Box::into_raw(Box::new(f)).cast::<c_void>();

@@ -47,6 +47,9 @@ impl<T> SpinLock<T> {
     #[cold]
     #[inline(never)]
     fn lock_contended(&self) {
+        // The holder may be enqueueing onto a stream whose host function runs
+        // on this thread: let that stream go on before waiting.
+        crate::hostfn::release();
         let mut waits = 0u32;
         loop {
             // Wait reading (no write traffic on the line) until it looks free:

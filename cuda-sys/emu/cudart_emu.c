@@ -19,7 +19,10 @@
  * Concurrency: one global mutex (g_lock) guards every table and every stream,
  * event, context and operation field. The driver's context stack is per thread
  * (thread-local, as in the driver). Each stream has a worker thread and two condition
- * variables (work queued / work done) used with g_lock. The lock is never held
+ * variables (work queued / work done) used with g_lock: the emulator's own
+ * (emu_cv, section 5), not glibc's, whose lost-wakeup bug (sourceware BZ 25847,
+ * in glibc before 2.41) hung the emulator after about a million operations; and
+ * every wait is bounded and re-checks its predicate. The lock is never held
  * while a worker sleeps for the delay, copies for an operation or runs a host
  * function. Counters read outside the lock are atomics.
  */
@@ -33,7 +36,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -417,8 +423,21 @@ static int foreign_context(const char *fn) {
     return cudaErrorIncompatibleDriverContext;
 }
 
+/* Set on a stream worker while it runs a host function (cudaLaunchHostFunc).
+ * The runtime forbids CUDA calls there ("may result in cudaErrorNotPermitted");
+ * the emulator always refuses them, loudly: a call that waits for the stream
+ * (a free, a synchronize) would otherwise wait for itself and hang. */
+static __thread int tl_in_host_fn;
+
+static int in_host_fn(const char *fn) {
+    if (!tl_in_host_fn) return 0;
+    fprintf(stderr, "cudart_emu: %s called from a host function (cudaLaunchHostFunc), which must not call CUDA\n", fn);
+    return cudaErrorNotPermitted;
+}
+
 /* Prologue of every runtime function: counts the call, returns an injected fault,
- * then the sticky error, then refuses a call made while a created context is
+ * then refuses a call from a host function (in_host_fn), then returns the
+ * sticky error, then refuses a call made while a created context is
  * current (see foreign_context). ENTER_RELEASE leaves the sticky error in `st`
  * so that destroy and free calls can still release their bookkeeping.
  * ENTER_NO_STICKY is for the version queries, which work after a lost context;
@@ -427,6 +446,7 @@ static int foreign_context(const char *fn) {
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return set_err(e_);           \
+        if ((e_ = in_host_fn(#name)) != 0) return set_err(e_);        \
         if ((e_ = atomic_load(&g_sticky)) != 0) return set_err(e_);   \
         if ((e_ = foreign_context(#name)) != 0) return set_err(e_);   \
     } while (0)
@@ -434,6 +454,7 @@ static int foreign_context(const char *fn) {
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return set_err(e_);           \
+        if ((e_ = in_host_fn(#name)) != 0) return set_err(e_);        \
         if ((e_ = foreign_context(#name)) != 0) return set_err(e_);   \
         (st) = atomic_load(&g_sticky);                                \
     } while (0)
@@ -455,12 +476,14 @@ static int foreign_context(const char *fn) {
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return e_;                    \
+        if (in_host_fn(#name)) return CUDA_ERROR_NOT_PERMITTED;       \
         if ((e_ = atomic_load(&g_sticky)) != 0) return e_;            \
     } while (0)
 #define DENTER_RELEASE(name, st)                                      \
     do {                                                              \
         int e_;                                                       \
         if (fault_fires(F_##name, &e_)) return e_;                    \
+        if (in_host_fn(#name)) return CUDA_ERROR_NOT_PERMITTED;       \
         (st) = atomic_load(&g_sticky);                                \
     } while (0)
 
@@ -489,6 +512,55 @@ static int vec_reserve(void **v, size_t *cap, size_t need, size_t elem) {
 static void sleep_us(unsigned us) {
     struct timespec ts = {us / 1000000u, (long)(us % 1000000u) * 1000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* A condition variable for waiters that hold g_lock: a sequence number that
+ * every broadcast bumps, and a futex on it. Used instead of pthread_cond_t.
+ *
+ * Why: glibc's condition variable (2.25 to 2.40) can lose a wakeup when a
+ * waiter from an older group "steals" a signal of the current one (sourceware
+ * BZ 25847, fixed in 2.41): the waiter that lost it sleeps on with its group
+ * reference held, and the next pthread_cond_broadcast blocks forever in
+ * __condvar_quiesce_and_switch_g1 waiting for that reference. The emulator
+ * broadcasts done_cv under g_lock after every operation, so after about 1.4
+ * million operations one worker hung in pthread_cond_broadcast holding g_lock,
+ * and every other thread (cudaEventSynchronize, cudaFree's drain) behind it.
+ *
+ * This one cannot lose a wakeup: the waiter reads the sequence number under
+ * g_lock, and FUTEX_WAIT sleeps only while it is unchanged; a broadcast bumps
+ * it under g_lock and wakes every sleeper. `waiters` (under g_lock) lets a
+ * broadcast with nobody waiting skip the system call. Each wait is bounded
+ * (CV_WAIT_NS): callers loop on their predicate, so even a missed wakeup would
+ * cost a moment, never a hang. Wakeups may be spurious. */
+typedef struct {
+    _Atomic uint32_t seq;
+    int waiters; /* under g_lock */
+} emu_cv;
+
+enum { CV_WAIT_NS = 50 * 1000 * 1000 };
+
+static void cv_init(emu_cv *cv) {
+    atomic_init(&cv->seq, 0);
+    cv->waiters = 0;
+}
+
+/* Wakes every waiter. g_lock held. */
+static void cv_broadcast(emu_cv *cv) {
+    atomic_fetch_add(&cv->seq, 1);
+    if (cv->waiters > 0) syscall(SYS_futex, &cv->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Releases g_lock, sleeps until a broadcast (or at most CV_WAIT_NS), takes
+ * g_lock again. The caller re-checks its predicate, and keeps `cv` alive
+ * (holds a reference to its owner). */
+static void cv_wait(emu_cv *cv) {
+    uint32_t seen = atomic_load(&cv->seq);
+    cv->waiters++;
+    pthread_mutex_unlock(&g_lock);
+    struct timespec ts = {0, CV_WAIT_NS};
+    syscall(SYS_futex, &cv->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+    pthread_mutex_lock(&g_lock);
+    cv->waiters--;
 }
 
 static int overlaps(uintptr_t a, uintptr_t alen, uintptr_t b, uintptr_t blen) {
@@ -538,8 +610,8 @@ struct emu_stream {
     uint64_t done_seq;         /* ... of the last completed one (FIFO: monotonic) */
     op_t *head, *tail;
     op_t *running;             /* the operation the worker runs now (off the queue), or NULL */
-    pthread_cond_t work_cv;    /* signalled when work is queued or on destroy */
-    pthread_cond_t done_cv;    /* broadcast after each completed operation */
+    emu_cv work_cv;            /* broadcast when work is queued or on destroy */
+    emu_cv done_cv;            /* broadcast after each completed operation */
 };
 
 struct emu_event {
@@ -563,8 +635,6 @@ static void stream_unref_locked(stream *s) {
     if (--s->refs > 0) return;
     for (stream **pp = &g_streams; *pp; pp = &(*pp)->next_all)
         if (*pp == s) { *pp = s->next_all; break; }
-    pthread_cond_destroy(&s->work_cv);
-    pthread_cond_destroy(&s->done_cv);
     free(s);
 }
 
@@ -573,7 +643,7 @@ static int pending(const stream *s) { return s->done_seq < s->enq_seq; }
 /* Waits (g_lock held, released while waiting) until s has completed `seq`. */
 static void wait_seq_locked(stream *s, uint64_t seq) {
     s->refs++;
-    while (s->done_seq < seq) pthread_cond_wait(&s->done_cv, &g_lock);
+    while (s->done_seq < seq) cv_wait(&s->done_cv);
     stream_unref_locked(s);
 }
 
@@ -581,7 +651,11 @@ static void run_op(op_t *o) {
     switch (o->kind) {
     case OP_COPY: memmove(o->dst, o->staging ? o->staging : o->src, o->n); break;
     case OP_MEMSET: memset(o->dst, o->value, o->n); break;
-    case OP_HOSTFN: o->fn(o->arg); break;
+    case OP_HOSTFN:
+        tl_in_host_fn = 1;
+        o->fn(o->arg);
+        tl_in_host_fn = 0;
+        break;
     case OP_EVENT: clock_gettime(CLOCK_MONOTONIC, &o->when); break;
     default: break;
     }
@@ -593,7 +667,7 @@ static void *worker_main(void *arg) {
     stream *s = arg;
     pthread_mutex_lock(&g_lock);
     for (;;) {
-        while (!s->head && !s->destroyed) pthread_cond_wait(&s->work_cv, &g_lock);
+        while (!s->head && !s->destroyed) cv_wait(&s->work_cv);
         op_t *o = s->head;
         if (!o) break; /* destroyed and drained */
         s->head = o->next;
@@ -601,7 +675,7 @@ static void *worker_main(void *arg) {
         s->running = o;
         for (int i = 0; i < o->ndeps; i++)
             while (o->deps[i].s->done_seq < o->deps[i].seq)
-                pthread_cond_wait(&o->deps[i].s->done_cv, &g_lock);
+                cv_wait(&o->deps[i].s->done_cv);
         pthread_mutex_unlock(&g_lock);
 
         if (o->delay_us) sleep_us(o->delay_us);
@@ -616,7 +690,7 @@ static void *worker_main(void *arg) {
         g_counters.ops_executed++;
         s->done_seq = o->seq;
         s->running = NULL;
-        pthread_cond_broadcast(&s->done_cv);
+        cv_broadcast(&s->done_cv);
         for (int i = 0; i < o->ndeps; i++) stream_unref_locked(o->deps[i].s);
         if (o->ev) event_unref_locked(o->ev);
         free(o->deps);
@@ -638,8 +712,8 @@ static int stream_new_locked(int device, unsigned flags, int priority, int legac
     s->legacy = legacy;
     s->live = 1;
     s->refs = 2; /* the owner (handle or device) and the worker */
-    pthread_cond_init(&s->work_cv, NULL);
-    pthread_cond_init(&s->done_cv, NULL);
+    cv_init(&s->work_cv);
+    cv_init(&s->done_cv);
     pthread_attr_t attr;
     pthread_t th;
     pthread_attr_init(&attr);
@@ -647,8 +721,6 @@ static int stream_new_locked(int device, unsigned flags, int priority, int legac
     int rc = pthread_create(&th, &attr, worker_main, s);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
-        pthread_cond_destroy(&s->work_cv);
-        pthread_cond_destroy(&s->done_cv);
         free(s);
         return cudaErrorMemoryAllocation;
     }
@@ -731,7 +803,7 @@ static int enqueue_locked(stream *s, op_t *o, stream *extra, uint64_t extra_seq,
     if (s->tail) s->tail->next = o;
     else s->head = o;
     s->tail = o;
-    pthread_cond_signal(&s->work_cv);
+    cv_broadcast(&s->work_cv);
     if (seq) *seq = o->seq;
     return cudaSuccess;
 }
@@ -750,7 +822,7 @@ static int drain_locked(int device) {
             snap[k++] = (dep_t){s, s->enq_seq};
         }
     for (size_t i = 0; i < k; i++) {
-        while (snap[i].s->done_seq < snap[i].seq) pthread_cond_wait(&snap[i].s->done_cv, &g_lock);
+        while (snap[i].s->done_seq < snap[i].seq) cv_wait(&snap[i].s->done_cv);
     }
     for (size_t i = 0; i < k; i++) stream_unref_locked(snap[i].s);
     free(snap);
@@ -784,7 +856,9 @@ static int event_done(const event *ev) { return ev->done_gen >= ev->gen; }
 
 typedef struct { uintptr_t start; size_t size, maplen; int device; } devalloc_t;
 typedef struct { uintptr_t start; size_t maplen; } freed_t;
-typedef struct { uintptr_t start; size_t size, maplen; unsigned flags; int device; } hostblock_t;
+/* A cudaHostAlloc block: `start` is what the caller got, inside the mapping
+ * [map, map + maplen) (see HOST_ALLOC_LOOSE_BELOW). */
+typedef struct { uintptr_t start; size_t size; uintptr_t map; size_t maplen; unsigned flags; int device; } hostblock_t;
 /* A registration: by the runtime or the driver in a primary context (ctx NULL),
  * or by the driver in a created context (ctx, with its id). */
 typedef struct { uintptr_t orig, start; size_t len; unsigned flags; int device; ctx_t *ctx; uint64_t ctx_id; } hostreg_t;
@@ -912,7 +986,7 @@ static int register_conflict_locked(uintptr_t rs, size_t len) {
     for (size_t i = 0; i < g_hostregs.n; i++)
         if (overlaps(rs, len, g_hostregs.v[i].start, g_hostregs.v[i].len)) return cudaErrorHostMemoryAlreadyRegistered;
     for (size_t i = 0; i < g_hostblocks.n; i++)
-        if (overlaps(rs, len, g_hostblocks.v[i].start, g_hostblocks.v[i].maplen))
+        if (overlaps(rs, len, g_hostblocks.v[i].map, g_hostblocks.v[i].maplen))
             return cudaErrorHostMemoryAlreadyRegistered;
     for (size_t i = 0; i < g_devallocs.n; i++)
         if (overlaps(rs, len, g_devallocs.v[i].start, g_devallocs.v[i].maplen)) return cudaErrorInvalidValue;
@@ -1196,24 +1270,33 @@ EXPORT cudaError_t cudaFree(void *ptr) {
 
 /* --- pinned and registered host memory --- */
 
+/* The real cudaHostAlloc promises no page alignment: small blocks come out of
+ * a pool, aligned to a few hundred bytes. The emulator is as loose: a block
+ * below this size starts HOST_ALLOC_LOOSE_OFFSET bytes into its first page, so
+ * that code assuming page alignment (O_DIRECT buffers) fails here, not only on
+ * a GPU. Larger blocks are page-aligned. */
+enum { HOST_ALLOC_LOOSE_BELOW = 1 << 20, HOST_ALLOC_LOOSE_OFFSET = 256 };
+
 EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned flags) {
     ENTER(cudaHostAlloc);
     int d, e = current_device(&d);
     if (e) return set_err(e);
     if (!ptr || (flags & ~(unsigned)HOST_ALLOC_FLAGS)) return set_err(cudaErrorInvalidValue);
     if (size == 0) { *ptr = NULL; return cudaSuccess; }
-    size_t maplen = round_up(size);
+    size_t off = size < HOST_ALLOC_LOOSE_BELOW ? HOST_ALLOC_LOOSE_OFFSET : 0;
+    size_t maplen = round_up(size + off);
     if (maplen < size) return set_err(cudaErrorMemoryAllocation);
     void *p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return set_err(cudaErrorMemoryAllocation);
+    uintptr_t start = (uintptr_t)p + off;
     pthread_mutex_lock(&g_lock);
-    if (!VEC_PUSH(g_hostblocks, ((hostblock_t){(uintptr_t)p, size, maplen, flags, d}))) {
+    if (!VEC_PUSH(g_hostblocks, ((hostblock_t){start, size, (uintptr_t)p, maplen, flags, d}))) {
         munmap(p, maplen);
         e = cudaErrorMemoryAllocation;
     } else {
         g_counters.pinned_allocs++;
         g_counters.pinned_bytes += size;
-        *ptr = p;
+        *ptr = (void *)start;
     }
     pthread_mutex_unlock(&g_lock);
     return set_err(e);
@@ -1237,7 +1320,7 @@ EXPORT cudaError_t cudaFreeHost(void *ptr) {
     g_counters.pinned_bytes -= b.size;
     drain_locked(-1); /* real cudaFreeHost synchronizes every device */
     pthread_mutex_unlock(&g_lock);
-    munmap((void *)b.start, b.maplen);
+    munmap((void *)b.map, b.maplen);
     return set_err(st);
 }
 
@@ -1400,7 +1483,7 @@ EXPORT cudaError_t cudaStreamDestroy(cudaStream_t h) {
             if (s == h && s->live && !s->legacy) {
                 s->live = 0;
                 s->destroyed = 1; /* the worker drains the queue, then exits */
-                pthread_cond_signal(&s->work_cv);
+                cv_broadcast(&s->work_cv);
                 g_counters.streams--;
                 stream_unref_locked(s);
                 e = cudaSuccess;
@@ -1550,7 +1633,7 @@ EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event_h) {
         stream *s = ev->last_stream;
         ev->refs++;
         s->refs++;
-        while (ev->done_gen < target) pthread_cond_wait(&s->done_cv, &g_lock);
+        while (ev->done_gen < target) cv_wait(&s->done_cv);
         stream_unref_locked(s);
         event_unref_locked(ev);
     }

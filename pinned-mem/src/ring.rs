@@ -41,6 +41,7 @@ use wirespeed_cuda::{Device, DeviceSink, Event, EventOptions, PinnedBuffer, Pinn
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
+use crate::util::page_size;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -50,6 +51,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// and drawn from a [`PinBudget`]; producer threads fill free slots, a stream
 /// copies full ones, and a slot is free again only once its copy's event has
 /// completed. Cloning gives another handle to the same ring.
+///
+/// Every slot handle ([`FreeSlot`], [`FullSlot`], [`InFlightSlot`]) holds the
+/// ring's shared state: forgetting one (`mem::forget`) keeps the whole ring
+/// (its pinned slots and its budget reservation) alive for the rest of the
+/// process, whatever happens to the `PinnedRing` handles, and with it every
+/// [`Stream`] that the slots' events were recorded on (see the module docs).
+/// Never unsound: nothing is freed under a copy.
 ///
 /// ```no_run
 /// use wirespeed_pinned::{PinBudget, PinnedRing};
@@ -79,7 +87,9 @@ struct RingInner {
     allocations: AtomicU64,
     state: Mutex<RingState>,
     returned: Condvar,
-    _reservation: Reservation,
+    reservation: Reservation,
+    /// The budget for the alignment slack of slots that needed it (see `alloc_slot`).
+    slack: Vec<Reservation>,
 }
 
 #[derive(Default)]
@@ -90,13 +100,47 @@ struct RingState {
 
 struct Slot {
     index: usize,
+    /// The pinned block; the slot is its `slot_bytes` from `off` (page-aligned).
     buf: PinnedBuffer<u8>,
+    off: usize,
     /// Events made on demand, one per device and concurrent use; kept for reuse.
     events: Vec<(Device, Event)>,
     /// Indices into `events` recorded after the copies now in flight.
     recorded: Vec<usize>,
     /// Bytes of the last submitted copy, not yet reported complete.
     unreported: u64,
+}
+
+/// One slot's pinned block and the offset of its page-aligned start.
+/// `cudaHostAlloc` does not promise page alignment (small blocks come from a
+/// pool, aligned to a few hundred bytes), and `O_DIRECT` reads need it. A block
+/// that is not aligned is given back and one `page - 1` bytes larger is taken
+/// instead (from then on for every slot: `*pad`), its slack drawn from `budget`
+/// into `slack`, and the slot starts at its first page boundary.
+fn alloc_slot(
+    bytes: usize,
+    budget: &PinBudget,
+    slack: &mut Vec<Reservation>,
+    pad: &mut bool,
+) -> Result<(PinnedBuffer<u8>, usize)> {
+    let page = page_size() as usize;
+    let flags = PinnedFlags { portable: true, ..Default::default() };
+    if !*pad {
+        let buf = PinnedBuffer::<u8>::with_flags(bytes, flags)?;
+        if buf.as_ptr().align_offset(page) == 0 {
+            return Ok((buf, 0));
+        }
+        drop(buf);
+        *pad = true;
+    }
+    let padded = bytes
+        .checked_add(page - 1)
+        .ok_or_else(|| Error::invalid("PinnedRing::new", "slot_bytes + a page overflows"))?;
+    slack.push(budget.reserve((page - 1) as u64)?);
+    let buf = PinnedBuffer::<u8>::with_flags(padded, flags)?;
+    let off = buf.as_ptr().align_offset(page);
+    debug_assert!(off < page);
+    Ok((buf, off))
 }
 
 impl Slot {
@@ -171,7 +215,10 @@ impl std::fmt::Debug for PinnedRing {
 impl PinnedRing {
     /// Allocates `slots` pinned slots of `slot_bytes` each (portable: usable by
     /// every device), drawing `slots * slot_bytes` from `budget`. This is the
-    /// ring's only allocation.
+    /// ring's only allocation. Each slot starts on a page boundary (fit for
+    /// `O_DIRECT`): where `cudaHostAlloc` hands out a block that does not (small
+    /// sizes on a real GPU), each slot's block is a page larger, and that slack
+    /// is drawn from `budget` too.
     ///
     /// ```no_run
     /// let ring = wirespeed_pinned::PinnedRing::new(8, 16 << 20, &wirespeed_pinned::PinBudget::new(1 << 30))?;
@@ -195,10 +242,11 @@ impl PinnedRing {
         let reservation = budget.reserve(total)?;
         let allocations = AtomicU64::new(0);
         let mut free = Vec::with_capacity(slots);
+        let (mut slack, mut pad) = (Vec::new(), false);
         for index in 0..slots {
-            let buf = PinnedBuffer::<u8>::with_flags(slot_bytes, PinnedFlags { portable: true, ..Default::default() })?;
+            let (buf, off) = alloc_slot(slot_bytes, budget, &mut slack, &mut pad)?;
             allocations.fetch_add(1, Ordering::Relaxed);
-            free.push(Slot { index, buf, events: Vec::new(), recorded: Vec::new(), unreported: 0 });
+            free.push(Slot { index, buf, off, events: Vec::new(), recorded: Vec::new(), unreported: 0 });
         }
         free.reverse(); // hand out slot 0 first
         Ok(PinnedRing {
@@ -208,7 +256,8 @@ impl PinnedRing {
                 allocations,
                 state: Mutex::new(RingState { free, in_flight: VecDeque::with_capacity(slots) }),
                 returned: Condvar::new(),
-                _reservation: reservation,
+                reservation,
+                slack,
             }),
         })
     }
@@ -233,6 +282,19 @@ impl PinnedRing {
     /// ```
     pub fn slot_bytes(&self) -> usize {
         self.inner.slot_bytes
+    }
+
+    /// Bytes this ring draws from its budget: `slots * slot_bytes`, plus the
+    /// alignment slack of slots whose block `cudaHostAlloc` did not page-align
+    /// (see [`PinnedRing::new`]).
+    ///
+    /// ```no_run
+    /// # let ring = wirespeed_pinned::PinnedRing::new(3, 1 << 20, &wirespeed_pinned::PinBudget::unlimited())?;
+    /// assert!(ring.pinned_bytes() >= 3 << 20);
+    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    pub fn pinned_bytes(&self) -> u64 {
+        self.inner.reservation.bytes() + self.inner.slack.iter().map(Reservation::bytes).sum::<u64>()
     }
 
     /// Pinned allocations this ring has made: equal to [`PinnedRing::slots`]
@@ -400,7 +462,9 @@ impl RingInner {
 }
 
 /// A slot nobody uses: its last copies completed. The only way to write a slot.
-/// Dropping it returns it to the ring's free list.
+/// Dropping it returns it to the ring's free list. Forgetting it loses the slot
+/// and keeps the whole ring alive for the rest of the process (its slots, its
+/// budget reservation, and the streams its slots' events were recorded on).
 ///
 /// ```no_run
 /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
@@ -475,8 +539,9 @@ impl FreeSlot {
     /// # Errors
     /// CUDA's error if the buffer's fence had to wait (never after the ring's own wait).
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        let n = self.ring.slot_bytes;
         match self.slot.as_mut() {
-            Some(s) => Ok(s.buf.as_mut_slice()?),
+            Some(s) => Ok(&mut s.buf.as_mut_slice()?[s.off..s.off + n]),
             None => Err(Error::invalid("FreeSlot::as_mut_slice", "the slot was already used")),
         }
     }
@@ -588,7 +653,9 @@ impl Drop for FreeSlot {
 
 /// A filled slot: the host may read it; the device gets it through
 /// [`FullSlot::copy_to_device`] or [`FullSlot::submit`], which consume it.
-/// Dropping it unused returns it to the free list.
+/// Dropping it unused returns it to the free list. Forgetting it loses the slot
+/// and keeps the whole ring alive for the rest of the process (its slots, its
+/// budget reservation, and the streams its slots' events were recorded on).
 ///
 /// ```no_run
 /// # use wirespeed_cuda::*;
@@ -685,7 +752,7 @@ impl FullSlot {
     /// CUDA's error if the buffer's fence had to wait (never in practice).
     pub fn data(&self) -> Result<&[u8]> {
         match &self.slot {
-            Some(s) => Ok(&s.buf.as_slice()?[self.data.clone()]),
+            Some(s) => Ok(&s.buf.as_slice()?[s.off + self.data.start..s.off + self.data.end]),
             None => Err(Error::invalid("FullSlot::data", "the slot was already submitted")),
         }
     }
@@ -751,7 +818,8 @@ impl FullSlot {
         let Some(slot) = in_flight.slot.as_mut() else {
             return Err(Error::invalid("FullSlot::submit", "the slot was already submitted"));
         };
-        let res = enqueue(&SlotSource { buf: &slot.buf, data: self.data.clone() });
+        let data = slot.off + self.data.start..slot.off + self.data.end;
+        let res = enqueue(&SlotSource { buf: &slot.buf, data });
         // Recorded even when `enqueue` failed part-way: whatever it enqueued is covered.
         let rec = slot.record(streams);
         // Progress to report once the copies complete: none if they failed.
@@ -773,6 +841,12 @@ impl Drop for FullSlot {
 /// A slot whose copies were submitted: no access to its memory. Dropping it
 /// returns it to the ring's in-flight queue, from which it is handed out again
 /// only after its events completed; [`InFlightSlot::wait`] does that now.
+///
+/// Forgetting it (`mem::forget`) loses the slot, never soundness: its memory is
+/// never freed (the copy may still read it), and the whole ring stays alive for
+/// the rest of the process: its slots, its budget reservation, and the streams
+/// its slots' events were recorded on (each event keeps its stream: the handle,
+/// and on a GPU its place in the context).
 pub struct InFlightSlot {
     slot: Option<Slot>,
     ring: Arc<RingInner>,

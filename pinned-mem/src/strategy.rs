@@ -115,11 +115,14 @@ impl fmt::Display for Strategy {
 
 impl Strategy {
     /// Pinned bytes the strategy needs at once for a range of `len` bytes
-    /// (`None` for `Auto`).
+    /// (`None` for `Auto`), at most: each ring slot may take up to a page more
+    /// than its size, to start on a page boundary where `cudaHostAlloc` did
+    /// not align it (see [`PinnedRing::new`](crate::PinnedRing::new)).
     ///
     /// ```
     /// use wirespeed_pinned::Strategy;
-    /// assert_eq!(Strategy::Ring { slots: 4, slot: 1 << 20, threads: 2 }.pinned_bytes(1 << 30), Some(4 << 20));
+    /// let b = Strategy::Ring { slots: 4, slot: 1 << 20, threads: 2 }.pinned_bytes(1 << 30).unwrap();
+    /// assert!(b >= 4 << 20 && b < (4 << 20) + 4 * 65536);
     /// ```
     pub fn pinned_bytes(&self, len: u64) -> Option<u64> {
         // In u128, saturating; more than u64 holds reads as u64::MAX, which no
@@ -127,15 +130,19 @@ impl Strategy {
         let page = u128::from(page_size());
         let up = |x: u128, a: u128| x.div_ceil(a).saturating_mul(a);
         let n = |x: usize| x as u128;
+        // A ring slot and its alignment slack.
+        let slot = |x: usize| n(x).saturating_add(page - 1);
         let bytes = match *self {
             Strategy::Auto => return None,
             Strategy::WholeFile => up(u128::from(len), page).saturating_add(page),
             Strategy::Windows { window, in_flight } => up(n(window), page).saturating_mul(n(in_flight)),
-            Strategy::Ring { slots, slot, .. } => n(slots).saturating_mul(n(slot)),
-            Strategy::Hybrid { window, slot, threads } => up(n(window), page)
+            Strategy::Ring { slots, slot: s, .. } => n(slots).saturating_mul(slot(s)),
+            Strategy::Hybrid { window, slot: s, threads } => up(n(window), page)
                 .saturating_mul(n(HYBRID_IN_FLIGHT))
-                .saturating_add(n(threads).saturating_mul(n(HYBRID_SLOTS_PER_THREAD)).saturating_mul(n(slot))),
-            Strategy::Direct { slots, slot, .. } => n(slots).saturating_mul(up(n(slot), u128::from(DIRECT_ALIGN))),
+                .saturating_add(n(threads).saturating_mul(n(HYBRID_SLOTS_PER_THREAD)).saturating_mul(slot(s))),
+            Strategy::Direct { slots, slot: s, .. } => {
+                n(slots).saturating_mul(up(n(s), u128::from(DIRECT_ALIGN)).saturating_add(page - 1))
+            }
         };
         Some(u64::try_from(bytes).unwrap_or(u64::MAX))
     }
@@ -225,16 +232,18 @@ pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Stra
     if cold {
         let threads = cpus.clamp(2, 8);
         let slots = 2 * threads;
-        let slot = floor_pow2(avail / slots as u64).min(8 * MIB);
+        // A page per slot of headroom: its alignment slack (see pinned_bytes).
+        let slot = floor_pow2((avail / slots as u64).saturating_sub(page)).min(8 * MIB);
         if slot >= DIRECT_ALIGN * 16 {
             return Some(Strategy::Direct { slots, slot: slot as usize, threads });
         }
     }
     let threads = (cpus / 3).clamp(1, 5);
     let slots = (threads * HYBRID_SLOTS_PER_THREAD) as u64;
-    let slot = floor_pow2(avail / 4 / slots).min(AUTO_SLOT);
+    let slot = floor_pow2((avail / 4 / slots).saturating_sub(page)).min(AUTO_SLOT);
     if slot >= MIB {
-        let window = ((avail - slot * slots) / HYBRID_IN_FLIGHT as u64 / page * page).min(1 << 30);
+        let ring = (slot + page - 1) * slots;
+        let window = ((avail - ring) / HYBRID_IN_FLIGHT as u64 / MIB * MIB).min(1 << 30);
         if window >= 32 * MIB {
             return Some(Strategy::Hybrid { window: window as usize, slot: slot as usize, threads });
         }
@@ -247,7 +256,7 @@ pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Stra
     }
     let threads = cpus.clamp(1, 8);
     for slots in [HYBRID_SLOTS_PER_THREAD * threads, 2 * threads, threads, 2] {
-        let slot = floor_pow2(avail / slots as u64).min(AUTO_SLOT);
+        let slot = floor_pow2((avail / slots as u64).saturating_sub(page)).min(AUTO_SLOT);
         if slot >= 64 << 10 {
             return Some(Strategy::Ring { slots, slot: slot as usize, threads: threads.min(slots) });
         }
@@ -313,10 +322,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(plan(68 * gib, 8 * gib, 16, true), Some(Strategy::Direct { threads: 8, .. })));
-        // 8x the budget at 512 MiB: four windows of 108 MiB and 5 x 4 x 4 MiB of ring.
+        // 8x the budget at 512 MiB: four windows of 107 MiB and 5 x 4 x 4 MiB
+        // of ring (and its alignment slack).
         assert_eq!(
             plan(4 * gib, 512 * MIB, 16, false),
-            Some(Strategy::Hybrid { window: 108 << 20, slot: 4 << 20, threads: 5 })
+            Some(Strategy::Hybrid { window: 107 << 20, slot: 4 << 20, threads: 5 })
         );
         assert!(matches!(plan(gib, 100 * MIB, 2, false), Some(Strategy::Windows { in_flight: 4, .. })));
         assert!(matches!(plan(gib, 40 * MIB, 2, false), Some(Strategy::Ring { .. })));

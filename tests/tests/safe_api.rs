@@ -1058,20 +1058,21 @@ fn host_registration() {
 }
 
 #[test]
-fn registering_the_same_pages_twice_is_712() {
+fn registering_the_same_pages_twice_is_refused() {
     let t = start();
     let d = dev();
     // `mem` outlives every registration below (declared first, dropped last).
     let mem = pattern(3, 1 << 16);
     let first = HostRegistration::new(Borrowed::of(&mem), RegisterFlags::default()).unwrap();
     for again in [Borrowed::of(&mem), Borrowed::of(&mem[100..200]), Borrowed::of(&mem[(1 << 16) - 1..])] {
+        // Refused before CUDA (which would answer 712), naming the pages.
         let (e, back) = HostRegistration::try_new(again, RegisterFlags::default()).unwrap_err();
-        assert_eq!((e.call(), e.code()), ("cudaHostRegister", Some(712)), "{e}");
-        assert!(e.hint().unwrap().contains("already registered"));
+        assert_invalid(&e, "HostRegistration::new");
+        assert!(e.to_string().contains("share the page"), "{e}");
         assert!(std::ptr::eq(back.ptr, back.as_ptr()), "try_new hands the memory back");
     }
     let e = HostRegistration::new(Borrowed::of(&mem), RegisterFlags::default()).unwrap_err();
-    assert_eq!(e.code(), Some(712));
+    assert_invalid(&e, "HostRegistration::new");
     // The first registration still works, and unregisters cleanly.
     let s = Stream::new(&d).unwrap();
     let mut g = DeviceBuffer::<u8>::new(&d, mem.len()).unwrap();
@@ -1082,6 +1083,48 @@ fn registering_the_same_pages_twice_is_712() {
     let again = HostRegistration::new(m, RegisterFlags::default()).unwrap();
     drop((again, s, g));
     drop(mem);
+    t.assert_clean();
+}
+
+/// Two heap buffers that share a page (as small allocations do): CUDA
+/// registers whole pages, so the second registration would fail with 712. It
+/// is refused with a typed error naming the shared page and the remedy; the
+/// first keeps working, and page-aligned buffers register side by side.
+#[test]
+fn heap_buffers_sharing_a_page() {
+    let t = start();
+    let d = dev();
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let heap = vec![0u8; 4 * page];
+    let base = heap.as_ptr().align_offset(page); // the first page boundary in `heap`
+    let (a, b) = (&heap[base..base + page + 100], &heap[base + page + 100..base + 2 * page]);
+    let first = HostRegistration::new(Borrowed::of(a), RegisterFlags::default()).unwrap();
+    let (e, _) = HostRegistration::try_new(Borrowed::of(b), RegisterFlags::default()).unwrap_err();
+    assert_invalid(&e, "HostRegistration::new");
+    let msg = e.to_string();
+    let shared = format!("{:#x}", (b.as_ptr() as usize) & !(page - 1));
+    assert!(msg.contains(&shared), "the shared page {shared} is named: {msg}");
+    assert!(msg.contains("page-align") && msg.contains("covers both"), "the remedy is given: {msg}");
+    // In a registration context too (CUDA refuses pages registered in any context).
+    if let Ok(ctx) = wirespeed_cuda::RegistrationContext::new(&d) {
+        let ctx = Arc::new(ctx);
+        let e = HostRegistration::new_in(&ctx, Borrowed::of(b), RegisterFlags::default()).unwrap_err();
+        assert_invalid(&e, "HostRegistration::new_in");
+    }
+    // The first registration still copies.
+    let s = Stream::new(&d).unwrap();
+    let mut g = DeviceBuffer::<u8>::new(&d, a.len()).unwrap();
+    s.copy_to_device(&first, &mut g).unwrap().wait().unwrap();
+    drop(first);
+    // Once it is gone, the other buffer registers.
+    drop(HostRegistration::new(Borrowed::of(b), RegisterFlags::default()).unwrap());
+    // Page-aligned neighbours register side by side.
+    let (x, y) = (&heap[base..base + page], &heap[base + page..base + 2 * page]);
+    let rx = HostRegistration::new(Borrowed::of(x), RegisterFlags::default()).unwrap();
+    let ry = HostRegistration::new(Borrowed::of(y), RegisterFlags::default()).unwrap();
+    drop((rx, ry, s, g));
+    drop(heap);
     t.assert_clean();
 }
 

@@ -40,7 +40,7 @@ impl Shared {
 pub(super) fn kept(st: &State) -> u64 {
     let cache: u64 =
         st.cache.iter().filter(|r| r.sharers() == 1).map(|r| r.pinned_pages().end - r.pinned_pages().start).sum();
-    cache + st.ring.as_ref().map_or(0, |r| r.slots() as u64 * r.slot_bytes() as u64)
+    cache + st.ring.as_ref().map_or(0, PinnedRing::pinned_bytes)
 }
 
 /// Gives back the streamer's own cached registrations of `file` that share

@@ -34,7 +34,9 @@ impl Shared {
             return Ok(r.clone());
         }
         st.ring = None;
-        self.make_room(st, (slots as u64).saturating_mul(slot as u64), true, None);
+        // The slots and, at most, a page each of alignment slack (see PinnedRing::new).
+        let most = (slots as u64).saturating_mul((slot as u64).saturating_add(crate::util::page_size() - 1));
+        self.make_room(st, most, true, None);
         let ring = PinnedRing::new(slots, slot, &self.config.budget)?;
         st.ring = Some(ring.clone());
         Ok(ring)
