@@ -965,6 +965,9 @@ fn verify_runs_the_plan_resolve_reported() {
     assert_ne!(planned, Strategy::WholeFile);
     assert_eq!(report.verified, Some(true));
     drop((s, dst));
+    t.assert_clean();
+}
+
 /// `O_DIRECT` with small slots: `cudaHostAlloc` does not page-align small
 /// blocks on a real GPU (64 KiB slots failed with "the slot is not aligned or
 /// too small for O_DIRECT" on the H200), and the emulator is as loose. The ring
