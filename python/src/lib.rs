@@ -23,7 +23,7 @@
 //! Every wait releases the GIL and waits in slices of [`SLICE`], checking for
 //! signals between them, so Ctrl-C interrupts it with `KeyboardInterrupt`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -42,6 +42,9 @@ pyo3::create_exception!(
     PyRuntimeError,
     "An error of the CUDA runtime or of the library (bad range, budget exceeded, ...)."
 );
+
+/// The size of each of [`read_host`]'s two bounce buffers.
+const CHUNK: usize = 16 << 20;
 
 /// How long one wait lasts before signals are checked.
 const SLICE: Duration = Duration::from_millis(20);
@@ -184,16 +187,18 @@ fn mapped(path: &PathBuf) -> PyResult<Arc<MappedFile>> {
     Ok(f)
 }
 
-/// Drops the cached streamers (their pinned ring and registrations) and
-/// mapped files, after waiting for every transfer in flight.
+/// Drops the cached streamers (their pinned ring and registrations), mapped
+/// files and bounce buffers, after waiting for every transfer in flight.
 #[pyfunction]
 fn release(py: Python<'_>) -> PyResult<()> {
     drain(py)?;
     let streamers = lock(&STREAMERS).take();
     let files = lock(&FILES).take();
+    let bounces = std::mem::take(&mut *lock(&BOUNCES));
     py.detach(move || {
         drop(streamers);
         drop(files);
+        drop(bounces);
     });
     Ok(())
 }
@@ -240,6 +245,13 @@ type Shared = Arc<Mutex<Inflight>>;
 
 /// Transfers that may not have ended, kept until they have.
 static INFLIGHT: Mutex<Vec<Shared>> = Mutex::new(Vec::new());
+
+/// Forgets the transfers that have ended (releasing their destinations);
+/// never waits.
+#[pyfunction]
+fn _reap() {
+    reap();
+}
 
 /// Forgets the transfers that have ended (releasing their destinations).
 fn reap() {
@@ -480,8 +492,8 @@ fn cpu_seconds() -> f64 {
 
 /// Copies the host buffer `src` (any object with the buffer protocol, C
 /// contiguous) to `nbytes` bytes of device memory at `ptr`, through the CPU
-/// and a pinned bounce buffer, ordered as [`read_file`]; returns once the
-/// copies have ended.
+/// and two pinned bounce buffers of [`CHUNK`] bytes (kept per device for
+/// later calls), ordered as [`read_file`]; returns once the copies have ended.
 #[pyfunction]
 #[pyo3(signature = (src, ptr, nbytes, device, stream))]
 fn read_host(
@@ -492,7 +504,6 @@ fn read_host(
     device: Option<usize>,
     stream: Option<usize>,
 ) -> PyResult<PyReport> {
-    const CHUNK: usize = 16 << 20;
     let buf = PyBuffer::<u8>::get(src)?;
     if !buf.is_c_contiguous() {
         return Err(PyValueError::new_err("the source is not C-contiguous"));
@@ -504,7 +515,15 @@ fn read_host(
     let dev = device_of(ptr, device)?;
     let then = consumer(stream.unwrap_or(0), dev)?;
     let (t0, c0) = (Instant::now(), cpu_seconds());
-    let ours = Stream::new(&dev).map_err(err)?;
+    let mut bounces = lock(&BOUNCES);
+    let bounce = match bounces.entry(dev.ordinal()) {
+        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::btree_map::Entry::Vacant(e) => e.insert(Bounce {
+            stream: Stream::new(&dev).map_err(err)?,
+            slots: [PinnedBuffer::<u8>::new(CHUNK).map_err(err)?, PinnedBuffer::<u8>::new(CHUNK).map_err(err)?],
+        }),
+    };
+    let Bounce { stream: ours, slots } = bounce;
     if let Some(h) = stream {
         let ev = Event::new(&dev, EventOptions::default()).map_err(err)?;
         consumer(h, dev)?.record(&ev).map_err(err)?;
@@ -513,8 +532,7 @@ fn read_host(
     // SAFETY: as in `read_file`; here the copies are waited for before this
     // returns (the bounce buffers' drop waits for them), and `src` outlives it.
     let mut view = unsafe { DeviceSliceMut::<u8>::from_raw_parts(ptr as *mut u8, nbytes, dev) }.map_err(err)?;
-    let chunk = CHUNK.min(nbytes.max(1));
-    let mut slots = [PinnedBuffer::<u8>::new(chunk).map_err(err)?, PinnedBuffer::<u8>::new(chunk).map_err(err)?];
+    let chunk = CHUNK;
     let src_ptr = buf.buf_ptr() as usize;
     let mut off = 0;
     let mut i = 0;
@@ -537,20 +555,31 @@ fn read_host(
     let done = Event::new(&dev, EventOptions::default()).map_err(err)?;
     ours.record(&done).map_err(err)?;
     then.wait_event(&done).map_err(err)?;
+    // Waits for the last copies (the slots' next user would wait for them
+    // anyway; this also makes the report's time the copies' time).
     py.detach(|| ours.synchronize()).map_err(err)?;
-    drop(slots);
+    drop(bounces);
     let report = Report {
         strategy: Strategy::Auto,
         bytes: nbytes as u64,
         seconds: t0.elapsed().as_secs_f64(),
         cpu_seconds: cpu_seconds() - c0,
-        peak_pinned: 2 * chunk as u64,
+        peak_pinned: 2 * CHUNK as u64,
         registrations: 0,
         verified: None,
         windows: wirespeed_pinned::WindowContext::None,
     };
     Ok(PyReport { bytes: nbytes as u64, device: Some(dev), inner: ReportState::Done(report) })
 }
+
+/// A stream and two pinned bounce buffers of [`read_host`], per device.
+struct Bounce {
+    stream: Stream,
+    slots: [PinnedBuffer<u8>; 2],
+}
+
+/// The bounce buffers, kept for the process (one user at a time).
+static BOUNCES: Mutex<BTreeMap<usize, Bounce>> = Mutex::new(BTreeMap::new());
 
 // ------------------------------------------------------------------ registration in place
 
@@ -737,5 +766,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_host, m)?)?;
     m.add_function(wrap_pyfunction!(release, m)?)?;
     m.add_function(wrap_pyfunction!(drain, m)?)?;
+    m.add_function(wrap_pyfunction!(_reap, m)?)?;
     Ok(())
 }

@@ -376,12 +376,18 @@ def batches(
         pending.append((out, stream, report))
         next_off += n
 
-    while next_off < total or pending:
-        while next_off < total and len(pending) < depth + 1:
-            start_next()
-        out, stream, report = pending.popleft()
-        report._then_on(stream)
-        yield out
+    try:
+        while next_off < total or pending:
+            while next_off < total and len(pending) < depth + 1:
+                start_next()
+            out, stream, report = pending.popleft()
+            report._then_on(stream)
+            yield out
+    finally:
+        # Let go of the batches whose copies have ended; those still in
+        # flight (an abandoned iterator's) are kept until they end.
+        pending.clear()
+        _native._reap()
 
 
 # ----------------------------------------------------------------- pinned
