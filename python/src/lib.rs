@@ -7,13 +7,13 @@
 //! stream handles, paths. This crate does the transfers through
 //! `wirespeed-pinned` and `wirespeed-cuda`:
 //!
-//! * [`read_file`]: a file range into device memory given by pointer, as a
+//! * `read_file`: a file range into device memory given by pointer, as a
 //!   `Streamer` transfer ordered after the consumer's stream and before its
 //!   later work, with no host wait unless asked; the transfer and the Python
 //!   object that owns the destination are kept in a module-wide list until
 //!   the transfer has ended, so that nothing frees the destination under a
 //!   DMA, whatever the caller drops or interrupts;
-//! * [`read_host`]: host memory (any buffer) into device memory, through a
+//! * `read_host`: host memory (any buffer) into device memory, through a
 //!   pinned bounce buffer;
 //! * [`Registration`]: a host buffer registered in place (`cudaHostRegister`);
 //! * [`DeviceArray`]: device memory owned by the library, exposing
@@ -22,6 +22,10 @@
 //!
 //! Every wait releases the GIL and waits in slices of [`SLICE`], checking for
 //! signals between them, so Ctrl-C interrupts it with `KeyboardInterrupt`.
+
+// Everything here is private to the extension module (its API is Python's):
+// these docs are for its readers, and link to private items.
+#![allow(rustdoc::private_intra_doc_links)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -43,7 +47,7 @@ pyo3::create_exception!(
     "An error of the CUDA runtime or of the library (bad range, budget exceeded, ...)."
 );
 
-/// The size of each of [`read_host`]'s two bounce buffers.
+/// The size of each of `read_host`'s two bounce buffers.
 const CHUNK: usize = 16 << 20;
 
 /// How long one wait lasts before signals are checked.
@@ -205,7 +209,7 @@ fn release(py: Python<'_>) -> PyResult<()> {
 
 // ------------------------------------------------------------------ transfers in flight
 
-/// A transfer started by [`read_file`], with what it needs kept alive.
+/// A transfer started by `read_file`, with what it needs kept alive.
 struct Inflight {
     /// The transfer; `None` once its result was taken.
     transfer: Option<Transfer<'static>>,
@@ -493,7 +497,7 @@ fn cpu_seconds() -> f64 {
 /// Copies the host buffer `src` (any object with the buffer protocol, C
 /// contiguous) to `nbytes` bytes of device memory at `ptr`, through the CPU
 /// and two pinned bounce buffers of [`CHUNK`] bytes (kept per device for
-/// later calls), ordered as [`read_file`]; returns once the copies have ended.
+/// later calls), ordered as `read_file`; returns once the copies have ended.
 #[pyfunction]
 #[pyo3(signature = (src, ptr, nbytes, device, stream))]
 fn read_host(
@@ -572,7 +576,7 @@ fn read_host(
     Ok(PyReport { bytes: nbytes as u64, device: Some(dev), inner: ReportState::Done(report) })
 }
 
-/// A stream and two pinned bounce buffers of [`read_host`], per device.
+/// A stream and two pinned bounce buffers of `read_host`, per device.
 struct Bounce {
     stream: Stream,
     slots: [PinnedBuffer<u8>; 2],
