@@ -22,6 +22,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
@@ -252,21 +253,93 @@ impl Transfer<'_> {
     /// the same streamer (it would wait for itself); CUDA's error from
     /// `cudaStreamWaitEvent`.
     pub fn then_on(&self, stream: &Stream) -> Result<()> {
+        self.then_on_within(stream, None).map(|_| ())
+    }
+
+    /// [`Transfer::then_on`], waiting at most `timeout` for the worker to
+    /// enqueue the last copy: `Ok(false)` when it has not by then (nothing
+    /// was enqueued on `stream`; call again), `Ok(true)` once done as
+    /// `then_on` does it. For callers that must stay responsive while they
+    /// wait (to check for a signal between slices, say).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-then-on-timeout-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![3u8; 4096])?;
+    /// # use wirespeed_pinned::*;
+    /// # let dev = wirespeed_cuda::Device::get(0)?;
+    /// # let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 20)))?;
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let mine = wirespeed_cuda::Stream::new(&dev)?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4096)?;
+    /// let t = streamer.start(&file, 0..4096, &mut dst)?;
+    /// while !t.then_on_timeout(&mine, std::time::Duration::from_millis(50))? {
+    ///     // ... check for an interrupt ...
+    /// }
+    /// # t.wait()?; std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Transfer::then_on`].
+    pub fn then_on_timeout(&self, stream: &Stream, timeout: Duration) -> Result<bool> {
+        self.then_on_within(stream, Some(Instant::now() + timeout))
+    }
+
+    /// Blocks until the transfer has ended or `timeout` has passed; true when
+    /// it has ended ([`Transfer::wait`] then answers at once).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-wait-timeout-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![3u8; 4096])?;
+    /// # use wirespeed_pinned::*;
+    /// # let dev = wirespeed_cuda::Device::get(0)?;
+    /// # let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 20)))?;
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4096)?;
+    /// let t = streamer.start(&file, 0..4096, &mut dst)?;
+    /// while !t.wait_timeout(std::time::Duration::from_millis(50)) {
+    ///     // ... check for an interrupt ...
+    /// }
+    /// t.wait()?; // returns at once
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.status();
+        while st.phase != Phase::Finished {
+            match self.state.wait_until(st, deadline) {
+                Some(g) => st = g,
+                None => return false,
+            }
+        }
+        true
+    }
+
+    fn then_on_within(&self, stream: &Stream, deadline: Option<Instant>) -> Result<bool> {
         self.streamer.refuse_inside_callback("Transfer::then_on")?;
         let mut st = self.state.status();
         loop {
             match st.phase {
-                Phase::Queued => st = self.state.wait(st),
+                Phase::Queued => match deadline {
+                    None => st = self.state.wait(st),
+                    Some(d) => match self.state.wait_until(st, d) {
+                        Some(g) => st = g,
+                        None => return Ok(false),
+                    },
+                },
                 Phase::Enqueued => {
                     if let Some(ev) = &st.event {
                         stream.wait_event(ev)?;
                     }
-                    return Ok(());
+                    return Ok(true);
                 }
                 Phase::Finished => {
                     return match &st.failed {
                         Some(message) => Err(Error::TransferFailed { message: message.clone() }),
-                        None => Ok(()),
+                        None => Ok(true),
                     };
                 }
             }
@@ -363,6 +436,13 @@ impl TransferState {
 
     fn wait<'a>(&self, g: MutexGuard<'a, Status>) -> MutexGuard<'a, Status> {
         self.changed.wait(g).unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// As `wait`, up to `deadline`: `None` once it has passed.
+    fn wait_until<'a>(&self, g: MutexGuard<'a, Status>, deadline: Instant) -> Option<MutexGuard<'a, Status>> {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        let (g, _) = self.changed.wait_timeout(g, left).unwrap_or_else(std::sync::PoisonError::into_inner);
+        Some(g)
     }
 
     /// Every copy is enqueued on `stream`: records the event `then_on` waits for.
