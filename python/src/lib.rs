@@ -301,8 +301,41 @@ struct PyReport {
 }
 
 enum ReportState {
-    Done(Report),
+    Done(Summary),
     Pending(Shared),
+}
+
+/// What a finished transfer reports to Python: the library's [`Report`], or
+/// the host-array path's own figures.
+#[derive(Clone)]
+struct Summary {
+    strategy: String,
+    bytes: u64,
+    seconds: f64,
+    cpu_seconds: f64,
+    text: String,
+}
+
+impl Summary {
+    fn gbps(&self) -> f64 {
+        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
+    }
+
+    fn cpu_per_gb(&self) -> f64 {
+        if self.bytes > 0 { self.cpu_seconds / (self.bytes as f64 / 1e9) } else { 0.0 }
+    }
+}
+
+impl From<&Report> for Summary {
+    fn from(r: &Report) -> Summary {
+        Summary {
+            strategy: r.strategy.to_string(),
+            bytes: r.bytes,
+            seconds: r.seconds,
+            cpu_seconds: r.cpu_seconds,
+            text: r.to_string(),
+        }
+    }
 }
 
 impl PyReport {
@@ -329,7 +362,7 @@ impl PyReport {
         }
     }
 
-    fn settled(&self, py: Python<'_>) -> PyResult<Report> {
+    fn settled(&self, py: Python<'_>) -> PyResult<Summary> {
         match &self.inner {
             ReportState::Done(r) => Ok(r.clone()),
             ReportState::Pending(t) => {
@@ -337,7 +370,7 @@ impl PyReport {
                     py.check_signals()?;
                 }
                 match &lock(t).result {
-                    Some(Ok(r)) => Ok(r.clone()),
+                    Some(Ok(r)) => Ok(Summary::from(r)),
                     Some(Err(e)) => Err(err(e)),
                     None => Err(err("the transfer's result is gone")),
                 }
@@ -390,10 +423,10 @@ impl PyReport {
     /// The strategy used, as text (waits for it).
     #[getter]
     fn strategy(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(self.settled(py)?.strategy.to_string())
+        Ok(self.settled(py)?.strategy)
     }
     fn __str__(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(self.settled(py)?.to_string())
+        Ok(self.settled(py)?.text)
     }
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!("<wirespeed.Report {}>", self.__str__(py)?))
@@ -563,16 +596,14 @@ fn read_host(
     // anyway; this also makes the report's time the copies' time).
     py.detach(|| ours.synchronize()).map_err(err)?;
     drop(bounces);
-    let report = Report {
-        strategy: Strategy::Auto,
-        bytes: nbytes as u64,
-        seconds: t0.elapsed().as_secs_f64(),
-        cpu_seconds: cpu_seconds() - c0,
-        peak_pinned: 2 * CHUNK as u64,
-        registrations: 0,
-        verified: None,
-        windows: wirespeed_pinned::WindowContext::None,
-    };
+    let (seconds, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+    let strategy = "host array through two pinned bounce buffers".to_string();
+    let text = format!(
+        "{strategy}: {nbytes} bytes in {seconds:.3} s ({:.2} GB/s), {:.3} CPU s/GB",
+        if seconds > 0.0 { nbytes as f64 / seconds / 1e9 } else { 0.0 },
+        if nbytes > 0 { cpu / (nbytes as f64 / 1e9) } else { 0.0 }
+    );
+    let report = Summary { strategy, bytes: nbytes as u64, seconds, cpu_seconds: cpu, text };
     Ok(PyReport { bytes: nbytes as u64, device: Some(dev), inner: ReportState::Done(report) })
 }
 
