@@ -105,8 +105,8 @@ pub use device::{Device, RuntimeInfo, runtime_info};
 pub use error::{Error, Result, STICKY_CODES};
 pub use memory::{
     DetachedSliceMut, DeviceBuffer, DeviceSink, DeviceSlice, DeviceSliceMut, DeviceSource, HostMemory,
-    HostRegistration, HostSink, HostSource, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod, RegisterFlags,
-    host_device_pointer, host_flags, pointer_kind,
+    HostRegistration, HostSink, HostSource, Lane, Lanes, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod,
+    RegisterFlags, host_device_pointer, host_flags, pointer_kind,
 };
 pub use stream::{Event, EventOptions, Fence, Pending, Stream, StreamOptions};
 

@@ -16,6 +16,9 @@ use std::ops::{Bound, Range, RangeBounds};
 use std::sync::Arc;
 use wirespeed_cuda_sys::cudaMemcpyKind;
 
+mod lanes;
+pub use lanes::{Lane, Lanes};
+
 /// Plain old data: any bit pattern is a valid value, no padding, no pointers
 /// that matter. Only such types may be copied to and from a GPU.
 ///

@@ -174,7 +174,7 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
-    fn new(span: Span) -> Hold {
+    pub(crate) fn new(span: Span) -> Hold {
         Hold { span, released: Mutex::new(None), cv: Condvar::new() }
     }
 
@@ -368,6 +368,34 @@ impl Fence {
         let mut own = Fence::default();
         *own.state.get_mut() = start;
         (own, hold)
+    }
+
+    /// A fence for one more writer of this (exclusively owned) fence's
+    /// memory, not ordered against the other writers made so: it starts with
+    /// every use recorded here (so its first operation follows them), and is
+    /// handed back with [`Fence::absorb`] ([`crate::Lanes`]).
+    pub(crate) fn fork(&mut self) -> Fence {
+        let start = self.state.get_mut().clone();
+        let mut own = Fence::default();
+        *own.state.get_mut() = start;
+        own
+    }
+
+    /// Takes back a fence made by [`Fence::fork`]: what was recorded in it
+    /// becomes a released hold on `span` here, so that everything ordered
+    /// after this fence (host access, `Drop`, other streams, the owner's
+    /// fence once this one is released into it) is ordered after it too. No
+    /// call to CUDA, no wait.
+    pub(crate) fn absorb(&mut self, mut lane: Fence, span: Span) {
+        let record = std::mem::take(lane.state.get_mut());
+        if record.write.is_none() && record.read.is_none() && record.holds.is_empty() {
+            return; // it recorded nothing (and started from nothing)
+        }
+        let hold = Arc::new(Hold::new(span));
+        hold.release(record);
+        let s = self.state.get_mut();
+        s.holds.retain(|h| !FenceState::hold_idle(h));
+        s.holds.push(hold);
     }
 
     /// Hands this fence's record to `hold` (releasing it) and forgets it.

@@ -2,13 +2,15 @@
 //! range's length (one per device), a scratch buffer written around, or chunk
 //! buffers handed to the caller. A piece is bytes `[off, off + len)` of the file, readable as
 //! pinned copy sources through a [`Slicer`]; a sink enqueues its copies on the
-//! streamer's streams (one per device).
+//! streams it is given: the streamer's (one per device), or, for a sink with
+//! lanes, each agent's own.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSlice, PinnedBuffer, PinnedSlice, Stream};
+use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSlice, Lanes, PinnedBuffer, PinnedSlice, Stream};
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
@@ -45,7 +47,7 @@ pub(crate) fn mask_streams(mask: StreamMask, streams: &[Stream]) -> Vec<&Stream>
     streams.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, s)| s).collect()
 }
 
-pub(crate) trait Sink: Send {
+pub(crate) trait Sink: Send + Sync {
     /// Sent to the calling thread when `put` completes something (chunks).
     type Msg: Send;
     /// True when `put` never sends a message: a lone agent may then run on the
@@ -65,6 +67,23 @@ pub(crate) trait Sink: Send {
     /// `Some(false)` when a check made while putting failed.
     fn verified(&self) -> Option<bool> {
         None
+    }
+    /// True when pieces may be put by several agents at once, each through a
+    /// lane of its own on streams of its own ([`Sink::put_lane`]).
+    const LANES: bool = false;
+    /// Opens `n` lanes: [`Sink::put_lane`] may be called until [`Sink::close_lanes`].
+    fn open_lanes(&mut self, _n: usize) {}
+    /// [`Sink::put`] through lane `lane`, on `streams` (that agent's, one per
+    /// device), from any thread: lanes are not ordered against each other, so
+    /// the agents must put disjoint pieces (their claims are).
+    fn put_lane(&self, _lane: usize, _streams: &[Stream], _src: &dyn Slicer, _off: u64, _len: usize) -> Result<()> {
+        Err(Error::invalid("sink", "this sink has no lanes"))
+    }
+    /// Closes the lanes, once `streams` (the streamer's) are ordered after
+    /// every lane's copies: what the lanes recorded goes back to the
+    /// destinations, and the transfer is told its copies are enqueued.
+    fn close_lanes(&mut self, _streams: &[Stream]) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -109,18 +128,34 @@ pub(crate) type Enqueued<'a> = dyn Fn(&[Stream]) -> Result<()> + Sync + 'a;
 /// `off - start` of each.
 pub(crate) struct DevicesSink<'a> {
     pub(crate) start: u64,
-    /// (stream index, destination)
+    /// (stream index, destination), outside lanes.
     pub(crate) dsts: Vec<(usize, DetachedSliceMut<u8>)>,
+    /// (stream index, destination) while lanes are open.
+    pub(crate) laned: Vec<(usize, Lanes<u8>)>,
     /// Bytes not put yet: when none is left, every copy is enqueued.
-    pub(crate) left: u64,
+    pub(crate) left: AtomicU64,
     pub(crate) enqueued: Option<&'a Enqueued<'a>>,
+}
+
+impl<'a> DevicesSink<'a> {
+    pub(crate) fn new(
+        start: u64,
+        dsts: Vec<(usize, DetachedSliceMut<u8>)>,
+        len: u64,
+        enqueued: Option<&'a Enqueued<'a>>,
+    ) -> Self {
+        DevicesSink { start, dsts, laned: Vec::new(), left: AtomicU64::new(len), enqueued }
+    }
 }
 
 impl Sink for DevicesSink<'_> {
     type Msg = ();
     const SILENT: bool = true;
+    const LANES: bool = true;
     fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
-        self.dsts.iter().fold(0, |m, (i, _)| m | 1 << i)
+        let mut mask = self.dsts.iter().fold(0, |m, (i, _)| m | 1 << i);
+        mask |= self.laned.iter().fold(0, |m, (i, _)| m | 1 << i);
+        mask
     }
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, _out: &mut Vec<()>) -> Result<()> {
         let at = (off - self.start) as usize;
@@ -130,8 +165,34 @@ impl Sink for DevicesSink<'_> {
             let mut d = dst.slice_mut(at..at + len)?;
             stream.copy_to_device(&piece, &mut d)?.detach();
         }
-        self.left = self.left.saturating_sub(len as u64);
-        if self.left == 0
+        let left = self.left.get_mut();
+        *left = left.saturating_sub(len as u64);
+        if *left == 0
+            && self.laned.is_empty()
+            && let Some(f) = self.enqueued.take()
+        {
+            f(streams)?;
+        }
+        Ok(())
+    }
+    fn open_lanes(&mut self, n: usize) {
+        self.laned.extend(self.dsts.drain(..).map(|(i, d)| (i, d.into_lanes(n))));
+    }
+    fn put_lane(&self, lane: usize, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize) -> Result<()> {
+        let at = (off - self.start) as usize;
+        let piece = src.slice(0..len)?;
+        for (i, dst) in &self.laned {
+            let stream = streams.get(*i).ok_or_else(|| Error::invalid("sink", "no stream"))?;
+            let mut lane = dst.lane(lane)?;
+            stream.copy_to_device(&piece, &mut lane.slice_mut(at..at + len)?)?.detach();
+        }
+        // (Never fails: the closure always answers.)
+        let _ = self.left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| Some(l.saturating_sub(len as u64)));
+        Ok(())
+    }
+    fn close_lanes(&mut self, streams: &[Stream]) -> Result<()> {
+        self.dsts.extend(self.laned.drain(..).map(|(i, l)| (i, l.join())));
+        if *self.left.get_mut() == 0
             && let Some(f) = self.enqueued.take()
         {
             f(streams)?;

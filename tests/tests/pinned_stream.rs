@@ -1030,3 +1030,41 @@ fn ring_slots_are_page_aligned_and_budgeted() {
     }
     t.assert_clean();
 }
+
+/// Ring agents copy on streams of their own by default (their copies do not
+/// queue behind the window agent's), or on the streamer's stream when asked:
+/// both land every byte, under a delay that shows a missing order, and a
+/// caller's copy after the transfer sees them all.
+#[test]
+fn ring_agents_copy_on_streams_of_their_own_or_on_the_streamers() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("agentstreams");
+    let (file, data) = data_file(&dir, 33, LEN);
+    let dev = Device::get(0).unwrap();
+    let budget = PinBudget::new(4 << 20);
+    t.set_delay_us(200);
+    for strategy in [
+        Strategy::Ring { slots: 6, slot: 64 << 10, threads: 3 },
+        Strategy::Hybrid { window: 256 << 10, slot: 64 << 10, threads: 3 },
+        Strategy::Direct { slots: 6, slot: 64 << 10, threads: 3 },
+    ] {
+        for own in [true, false] {
+            let created = t.emulated().then(|| t.emu().call_count("cudaStreamCreateWithPriority").unwrap_or(0));
+            let s = Streamer::new(&[dev], StreamConfig::new(strategy, budget.clone()).with_agent_streams(own)).unwrap();
+            let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
+            for pass in 0..2 {
+                let report = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
+                assert_eq!(dst.to_vec().unwrap(), data, "{strategy} own streams {own}, pass {pass}: {report}");
+            }
+            if let Some(before) = created {
+                // The streamer's own stream, plus one per ring thread (made once, kept) when asked.
+                let made = t.emu().call_count("cudaStreamCreateWithPriority").unwrap_or(0) - before;
+                assert_eq!(made, if own { 4 } else { 1 }, "{strategy} own streams {own}");
+            }
+        }
+    }
+    t.set_delay_us(0);
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}

@@ -394,3 +394,41 @@ fn double_buffering_under_delay() {
     drop((stream, slots, on_gpu, back));
     t.assert_clean();
 }
+
+#[test]
+fn lanes_write_at_once_and_hand_every_copy_back_to_the_owner() {
+    let t = start_emulated();
+    let n = 1 << 16;
+    let d = Device::get(0).unwrap();
+    let (a, b) = (pattern(2, n / 2), pattern(3, n / 2));
+    let (pa, pb) = (PinnedBuffer::from_slice(&a).unwrap(), PinnedBuffer::from_slice(&b).unwrap());
+    let (s1, s2, s3) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
+    let mut dev = DeviceBuffer::<u8>::zeroed(&d, n).unwrap();
+    let mut back = PinnedBuffer::<u8>::new(n).unwrap();
+    t.set_delay_us(DELAY_US);
+    let emu = t.emu();
+    let waits = emu.call_count("cudaStreamWaitEvent").unwrap();
+
+    // Two lanes, each on its own stream, write their halves: neither is
+    // ordered after the other (no event wait between them).
+    let lanes = wirespeed_cuda::DeviceSliceMut::from(&mut dev).detach().into_lanes(2);
+    s1.copy_to_device(&pa, &mut lanes.lane(0).unwrap().slice_mut(..n / 2).unwrap()).unwrap().detach();
+    s2.copy_to_device(&pb, &mut lanes.lane(1).unwrap().slice_mut(n / 2..).unwrap()).unwrap().detach();
+    assert_eq!(emu.call_count("cudaStreamWaitEvent").unwrap(), waits, "lanes are not ordered against each other");
+    lanes.join().release();
+
+    // A third stream reading the buffer is ordered after both lanes, on the device.
+    s3.copy_to_host(&dev, &mut back).unwrap().detach();
+    assert_eq!(emu.call_count("cudaStreamWaitEvent").unwrap(), waits + 2, "ordered after each lane's stream");
+    let got = back.as_slice().unwrap();
+    assert_eq!((&got[..n / 2], &got[n / 2..]), (&a[..], &b[..]), "the reader ran before a lane's copy");
+
+    // Dropping the lanes (no join) hands their records back too: host access waits for them.
+    let lanes = wirespeed_cuda::DeviceSliceMut::from(&mut dev).detach().into_lanes(2);
+    s2.copy_to_device(&pa, &mut lanes.lane(1).unwrap().slice_mut(n / 2..).unwrap()).unwrap().detach();
+    drop(lanes);
+    assert_eq!(dev.to_vec().unwrap()[n / 2..], a[..], "to_vec ran before the lane's copy");
+
+    drop((s1, s2, s3, pa, pb, back, dev));
+    t.assert_clean();
+}

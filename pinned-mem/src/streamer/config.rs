@@ -45,6 +45,15 @@ pub struct StreamConfig {
     /// primary context ([`Report::windows`](super::Report::windows) says which
     /// and why).
     pub second_context: bool,
+    /// Give each ring thread streams of its own (default `true`): its copies
+    /// then neither queue behind the window agent's nor contend with the
+    /// other threads' for one stream, and the copy engine takes from all of
+    /// them. `false` puts every copy to a device on the streamer's stream.
+    /// Either way a transfer's completion ([`Transfer`](super::Transfer), the
+    /// streamer's streams) covers every copy. It applies to transfers into
+    /// device buffers; chunked passes (`for_each_chunk`, `to_scratch`) use
+    /// the streamer's stream.
+    pub agent_streams: bool,
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -56,6 +65,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("verify", &self.verify)
             .field("progress", &self.progress.is_some())
             .field("second_context", &self.second_context)
+            .field("agent_streams", &self.agent_streams)
             .finish()
     }
 }
@@ -65,10 +75,18 @@ impl StreamConfig {
     ///
     /// ```
     /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::WholeFile, wirespeed_pinned::PinBudget::unlimited());
-    /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none() && cfg.second_context);
+    /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none() && cfg.second_context && cfg.agent_streams);
     /// ```
     pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
-        StreamConfig { strategy, budget, mlock: false, verify: false, progress: None, second_context: true }
+        StreamConfig {
+            strategy,
+            budget,
+            mlock: false,
+            verify: false,
+            progress: None,
+            second_context: true,
+            agent_streams: true,
+        }
     }
 
     /// With [`StreamConfig::mlock`] set to `on`.
@@ -114,6 +132,17 @@ impl StreamConfig {
     /// ```
     pub fn with_second_context(mut self, on: bool) -> Self {
         self.second_context = on;
+        self
+    }
+
+    /// With [`StreamConfig::agent_streams`] set to `on`.
+    ///
+    /// ```
+    /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::Auto, wirespeed_pinned::PinBudget::unlimited());
+    /// assert!(!cfg.with_agent_streams(false).agent_streams);
+    /// ```
+    pub fn with_agent_streams(mut self, on: bool) -> Self {
+        self.agent_streams = on;
         self
     }
 }

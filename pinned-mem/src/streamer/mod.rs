@@ -83,6 +83,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Shares `m`, also when a panic poisoned it.
+fn read<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Locks `m` for writing, also when a panic poisoned it.
+fn write<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The pinned bounce buffer of verification.
 const VERIFY_BOUNCE: u64 = 1 << 20;
 
@@ -126,6 +136,9 @@ pub(super) struct Shared {
     /// Events of the window agent, per stream, kept between passes (creating
     /// them is a fixed cost every pass would pay).
     window_events: Mutex<Vec<Vec<Event>>>,
+    /// The ring agents' own streams and events, kept between transfers
+    /// (see [`StreamConfig::agent_streams`]).
+    agent_streams: Mutex<pipeline::AgentStreams>,
     config: StreamConfig,
     portable: bool,
     owner: Mutex<Option<ThreadId>>,
@@ -186,6 +199,7 @@ impl Streamer {
         let shared = Shared {
             devices: devices.to_vec(),
             window_events: Mutex::new(streams.iter().map(|_| Vec::new()).collect()),
+            agent_streams: Mutex::new(pipeline::AgentStreams::default()),
             streams,
             done_events,
             portable: devices.len() > 1,
@@ -663,7 +677,7 @@ impl Shared {
             }
         }
         let mut verifier = self.verifier(&mut st, len)?;
-        let sink = DevicesSink { start: range.start, dsts, left: len, enqueued };
+        let sink = DevicesSink::new(range.start, dsts, len, enqueued);
         let (mut report, sink) = self.run(&mut st, file, range.clone(), sink, |()| Ok(()))?;
         report.bytes = len * n;
         if let Some(v) = &mut verifier {

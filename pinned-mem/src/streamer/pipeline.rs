@@ -8,17 +8,17 @@ use std::fs::File;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use wirespeed_cuda::{Device, Event, RegistrationContext, Stream};
+use wirespeed_cuda::{Device, Event, EventOptions, RegistrationContext, Stream};
 
 use super::cache::{State, drop_overlapping};
 use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
-use super::ring::{Fill, ring_agent};
+use super::ring::{AgentLane, Fill, ring_agent};
 use super::windows::{WindowSrc, window_agent};
-use super::{Report, Shared, WindowContext, lock};
+use super::{Report, Shared, WindowContext, lock, write};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
@@ -111,8 +111,27 @@ impl Shared {
         let mut ctx = self.ctx(file, len, registrations);
         ctx.window_ctx = window_ctx;
         let claims = Claims::new(range.clone());
-        let sink = Mutex::new(sink);
+        let mut sink = RwLock::new(sink);
         let agents = agents(strategy, whole, &held);
+        // Ring agents on streams of their own, each through a lane of the
+        // sink (the window agent has lane 0, on the streamer's streams).
+        let mut pool = lock(&self.agent_streams);
+        let lanes = match &agents.ring {
+            Some(r) if S::LANES && self.config.agent_streams => {
+                match pool.fork(&self.devices, &self.streams, r.threads) {
+                    Ok(()) => {
+                        write(&sink).open_lanes(1 + r.threads);
+                        ctx.lanes = true;
+                        Some(&pool.agents[..r.threads])
+                    }
+                    Err(e) => {
+                        ctx.fail(e);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         match agents.windows {
             // A whole-file pass (from the registration the streamer keeps, made
             // above if it was missing) to devices needs one agent and no
@@ -121,8 +140,19 @@ impl Shared {
             Some(src) if S::SILENT && matches!(strategy, Strategy::WholeFile) => {
                 run_inline(&ctx, &claims, &sink, src);
             }
-            _ => run_threads(&ctx, &claims, &sink, agents, on_msg),
+            _ if ctx.aborted() => {}
+            _ => run_threads(&ctx, &claims, &sink, agents, lanes, on_msg),
         }
+        if let Some(lanes) = lanes {
+            // The streamer's streams now follow every agent's copies, so
+            // what waits on them (the drain below, a `Transfer`) covers all.
+            join_agents(&ctx, lanes, &self.streams);
+            if let Err(e) = sink.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).close_lanes(&self.streams)
+            {
+                ctx.fail(e);
+            }
+        }
+        drop(pool);
         self.drain(&ctx, held.ring.as_ref());
 
         let seconds = t0.elapsed().as_secs_f64();
@@ -204,6 +234,7 @@ impl Shared {
             progress: self.config.progress.as_deref(),
             streamer: self.id(),
             window_ctx: None,
+            lanes: false,
         }
     }
 
@@ -266,7 +297,7 @@ fn channel<M>(ctx: &Ctx<'_>) -> (SyncSender<M>, Receiver<M>) {
 
 /// Runs one window agent on the calling thread: a lone agent with a SILENT
 /// sink, which sends no message.
-fn run_inline<S: Sink>(ctx: &Ctx<'_>, claims: &Claims, sink: &Mutex<S>, src: WindowSrc<'_>) {
+fn run_inline<S: Sink>(ctx: &Ctx<'_>, claims: &Claims, sink: &RwLock<S>, src: WindowSrc<'_>) {
     // Nobody reads the channel: a SILENT sink never sends on it.
     let (tx, _rx) = channel::<S::Msg>(ctx);
     let agent = std::panic::AssertUnwindSafe(|| window_agent(ctx, claims, src, sink, &tx));
@@ -282,8 +313,9 @@ fn run_inline<S: Sink>(ctx: &Ctx<'_>, claims: &Claims, sink: &Mutex<S>, src: Win
 fn run_threads<S: Sink>(
     ctx: &Ctx<'_>,
     claims: &Claims,
-    sink: &Mutex<S>,
+    sink: &RwLock<S>,
     agents: Agents<'_>,
+    lanes: Option<&[AgentStreamSet]>,
     mut on_msg: impl FnMut(S::Msg) -> Result<()>,
 ) {
     std::thread::scope(|s| {
@@ -294,10 +326,14 @@ fn run_threads<S: Sink>(
             handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
         }
         if let Some(RingAgents { ring, fill, slot, threads, from_back }) = agents.ring {
-            for _ in 0..threads {
+            for k in 0..threads {
                 let tx = tx.clone();
+                let lane = match lanes.and_then(|l| l.get(k)) {
+                    Some(set) => AgentLane::Own { lane: k + 1, streams: &set.streams },
+                    None => AgentLane::Shared,
+                };
                 handles.push(s.spawn(move || {
-                    ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, sink, &tx));
+                    ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, lane, sink, &tx));
                 }));
             }
         }
@@ -343,6 +379,9 @@ pub(super) struct Ctx<'a> {
     pub(super) streamer: usize,
     /// The second context sliding windows are registered in, if any.
     pub(super) window_ctx: Option<Arc<RegistrationContext>>,
+    /// The sink's lanes are open: agents put through them (the window
+    /// agent through lane 0), ring agents on streams of their own.
+    pub(super) lanes: bool,
 }
 
 impl Ctx<'_> {
@@ -377,6 +416,65 @@ impl Ctx<'_> {
             IN_CALLBACK.with(|c| c.borrow_mut().pop());
             if let Err(panic) = r {
                 self.fail(Error::WorkerPanicked { message: panic_message(panic.as_ref()) });
+            }
+        }
+    }
+}
+
+/// Streams (one per device) and events of one ring agent, kept between
+/// transfers: creating them is a fixed cost every pass would pay.
+pub(super) struct AgentStreamSet {
+    pub(super) streams: Vec<Stream>,
+    /// Recorded on `streams` once the agent is done; the streamer's streams wait on them.
+    joined: Vec<Event>,
+}
+
+/// The ring agents' stream sets, and the events that order them after the
+/// streamer's streams at the start of a transfer.
+#[derive(Default)]
+pub(super) struct AgentStreams {
+    pub(super) agents: Vec<AgentStreamSet>,
+    /// Recorded on the streamer's streams at the start; every agent stream waits on them.
+    forked: Vec<Event>,
+}
+
+impl AgentStreams {
+    /// Makes `threads` stream sets ready and orders them after everything
+    /// given to the streamer's `streams` so far (a caller's `after` event,
+    /// earlier transfers), on the device, with no host wait.
+    fn fork(&mut self, devices: &[Device], streams: &[Stream], threads: usize) -> Result<()> {
+        let event = |d: &Device| Event::new(d, EventOptions { timing: false, blocking_sync: false });
+        if self.forked.is_empty() {
+            self.forked = devices.iter().map(event).collect::<wirespeed_cuda::Result<_>>()?;
+        }
+        while self.agents.len() < threads {
+            let streams = devices.iter().map(Stream::new).collect::<wirespeed_cuda::Result<_>>()?;
+            let joined = devices.iter().map(event).collect::<wirespeed_cuda::Result<_>>()?;
+            self.agents.push(AgentStreamSet { streams, joined });
+        }
+        for (i, (main, ev)) in streams.iter().zip(&self.forked).enumerate() {
+            main.record(ev)?;
+            for set in &self.agents[..threads] {
+                if let Some(s) = set.streams.get(i) {
+                    s.wait_event(ev)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Orders the streamer's `streams` after every copy the agents of `lanes`
+/// enqueued. If that fails, the agents' streams are synchronized instead,
+/// so that nothing waiting on the streamer's streams misses a copy.
+fn join_agents(ctx: &Ctx<'_>, lanes: &[AgentStreamSet], streams: &[Stream]) {
+    for set in lanes {
+        for ((own, ev), main) in set.streams.iter().zip(&set.joined).zip(streams) {
+            if let Err(e) = own.record(ev).and_then(|()| main.wait_event(ev)) {
+                ctx.fail(e.into());
+                if let Err(e) = own.synchronize() {
+                    ctx.fail(e.into());
+                }
             }
         }
     }

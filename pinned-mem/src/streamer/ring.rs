@@ -11,13 +11,13 @@
 //! 0.75 at three times the CPU time.
 
 use std::fs::File;
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::sync::mpsc::SyncSender;
 
 use super::cache::State;
 use super::direct::direct_read;
 use super::pipeline::{Claims, Ctx};
-use super::{Shared, lock};
+use super::{Shared, read, write};
 use crate::error::Result;
 use crate::ring::PinnedRing;
 use crate::sink::{Sink, mask_streams};
@@ -56,6 +56,14 @@ pub(super) enum Fill<'a> {
     Direct(&'a File),
 }
 
+/// Which streams a ring agent copies on: lane `lane` of the sink on streams
+/// of its own, or the streamer's streams (through the sink's lock).
+#[derive(Clone, Copy)]
+pub(super) enum AgentLane<'a> {
+    Own { lane: usize, streams: &'a [wirespeed_cuda::Stream] },
+    Shared,
+}
+
 /// Claims slot-sized parts, reads each into a free ring slot and copies it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn ring_agent<S: Sink>(
@@ -65,7 +73,8 @@ pub(super) fn ring_agent<S: Sink>(
     fill: Fill<'_>,
     slot_size: u64,
     from_back: bool,
-    sink: &Mutex<S>,
+    lane: AgentLane<'_>,
+    sink: &RwLock<S>,
     tx: &SyncSender<S::Msg>,
 ) -> Result<()> {
     let mut out = Vec::new();
@@ -86,9 +95,15 @@ pub(super) fn ring_agent<S: Sink>(
             }
             Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone())?,
         };
-        let mask = lock(sink).streams_for(r.start, len as u64);
-        let streams = mask_streams(mask, ctx.streams);
-        let in_flight = full.submit(&streams, |src| lock(sink).put(ctx.streams, src, r.start, len, &mut out))?;
+        let mask = read(sink).streams_for(r.start, len as u64);
+        let in_flight = match lane {
+            AgentLane::Own { lane, streams } => {
+                full.submit(&mask_streams(mask, streams), |src| read(sink).put_lane(lane, streams, src, r.start, len))?
+            }
+            AgentLane::Shared => full.submit(&mask_streams(mask, ctx.streams), |src| {
+                write(sink).put(ctx.streams, src, r.start, len, &mut out)
+            })?,
+        };
         drop(in_flight); // back to the ring, free again once its copies completed
         for m in out.drain(..) {
             if tx.send(m).is_err() {

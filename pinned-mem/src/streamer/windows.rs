@@ -17,7 +17,7 @@
 //! release waits on the fence every copy records into).
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 
@@ -29,7 +29,7 @@ use wirespeed_cuda::RegistrationContext;
 
 use super::pipeline::{Claims, Ctx, tail_spin, wait_tail};
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
-use super::{Shared, WindowContext, lock};
+use super::{Shared, WindowContext, lock, read, write};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
 use crate::sink::{RangePart, Sink};
@@ -81,7 +81,7 @@ pub(super) fn window_agent<S: Sink>(
     ctx: &Ctx<'_>,
     claims: &Claims,
     src: WindowSrc<'_>,
-    sink: &Mutex<S>,
+    sink: &RwLock<S>,
     tx: &SyncSender<S::Msg>,
 ) -> Result<()> {
     let mut queue = Queue::new(ctx, src.in_flight());
@@ -98,7 +98,7 @@ fn claim_windows<S: Sink>(
     ctx: &Ctx<'_>,
     claims: &Claims,
     src: WindowSrc<'_>,
-    sink: &Mutex<S>,
+    sink: &RwLock<S>,
     tx: &SyncSender<S::Msg>,
     queue: &mut Queue,
 ) -> Result<()> {
@@ -133,8 +133,13 @@ fn claim_windows<S: Sink>(
             (WindowSrc::Register { .. }, None) => return Err(Error::invalid("window", "no registration")),
             (WindowSrc::Whole { reg }, _) => RangePart { range: reg, base: (r.start - reg.range().start) as usize },
         };
-        let put = {
-            let mut s = lock(sink);
+        let put = if ctx.lanes {
+            // Lane 0 is the window agent's, on the streamer's streams.
+            let s = read(sink);
+            let mask = s.streams_for(r.start, len);
+            s.put_lane(0, ctx.streams, &part, r.start, len as usize).map(|()| mask)
+        } else {
+            let mut s = write(sink);
             let mask = s.streams_for(r.start, len);
             s.put(ctx.streams, &part, r.start, len as usize, &mut out).map(|()| mask)
         };

@@ -116,11 +116,27 @@ fn parse_ring_cache(v: &str) -> Result<(usize, usize, usize), String> {
     Ok((threads, slot as usize, per))
 }
 
+/// A row given with `--strategy`: the strategy, and whether ring threads copy
+/// on streams of their own (`StreamConfig::agent_streams`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Custom {
+    pub strategy: wirespeed_pinned::Strategy,
+    pub agent_streams: bool,
+}
+
 /// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
-/// `windows:WINDOW,IN_FLIGHT` or `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G).
-fn parse_strategy(v: &str) -> Result<wirespeed_pinned::Strategy, String> {
+/// `windows:WINDOW,IN_FLIGHT`, `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G) or
+/// `auto`, each optionally followed by `/one-stream` (every copy on the streamer's stream).
+fn parse_strategy(v: &str) -> Result<Custom, String> {
     use wirespeed_pinned::Strategy;
-    let (kind, args) = v.split_once(':').ok_or("give KIND:ARGS, e.g. hybrid:112M,4M,4")?;
+    let (spec, agent_streams) = match v.strip_suffix("/one-stream") {
+        Some(spec) => (spec, false),
+        None => (v, true),
+    };
+    if spec == "auto" {
+        return Ok(Custom { strategy: Strategy::Auto, agent_streams });
+    }
+    let (kind, args) = spec.split_once(':').ok_or("give KIND:ARGS, e.g. hybrid:112M,4M,4")?;
     let a: Vec<&str> = args.split(',').map(str::trim).collect();
     let size = |s: &str| parse_size(s).map(|x| x as usize);
     let count = |s: &str| s.parse::<usize>().map_err(|e| format!("{s}: {e}"));
@@ -129,9 +145,13 @@ fn parse_strategy(v: &str) -> Result<wirespeed_pinned::Strategy, String> {
         ("ring", [n, s, t]) => Strategy::Ring { slots: count(n)?, slot: size(s)?, threads: count(t)? },
         ("direct", [n, s, t]) => Strategy::Direct { slots: count(n)?, slot: size(s)?, threads: count(t)? },
         ("windows", [w, k]) => Strategy::Windows { window: size(w)?, in_flight: count(k)? },
-        _ => return Err(format!("{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K")),
+        _ => {
+            return Err(format!(
+                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /one-stream)"
+            ));
+        }
     };
-    Ok(s)
+    Ok(Custom { strategy: s, agent_streams })
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
@@ -175,9 +195,11 @@ pub struct Options {
 
     /// Extra rows, each a strategy spelled out (hybrid:WINDOW,SLOT,THREADS, ring:SLOTS,SLOT,THREADS,
     /// windows:WINDOW,IN_FLIGHT, direct:SLOTS,SLOT,THREADS), run within the pin budget as
-    /// `custom-1`, `custom-2`, ... after the others: for trying what `auto` could pick
+    /// `custom-1`, `custom-2`, ... after the others: for trying what `auto` could pick. `auto` and
+    /// a `/one-stream` suffix (every copy on the streamer's stream, not one per ring thread) are
+    /// accepted too
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
-    pub custom: Vec<wirespeed_pinned::Strategy>,
+    pub custom: Vec<Custom>,
 
     /// Most filler threads for the pinned ring (default: the number of cores; at most 1024)
     #[arg(long, value_name = "N", value_parser = parse_count)]
