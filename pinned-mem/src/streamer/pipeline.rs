@@ -265,10 +265,18 @@ impl Shared {
 fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prepared) -> Agents<'a> {
     let windows = match strategy {
         Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
-        Strategy::Windows { window, in_flight } => Some(WindowSrc::Register { window: window as u64, in_flight }),
-        Strategy::Hybrid { window, .. } => {
-            Some(WindowSrc::Register { window: window as u64, in_flight: HYBRID_IN_FLIGHT })
+        Strategy::Windows { window, in_flight } => {
+            Some(WindowSrc::Register { window: window as u64, in_flight, leave: 0 })
         }
+        // The end of the range goes to the ring: a window claimed there
+        // would be registered while the ring has nothing left to copy, and
+        // the copy engine would wait for it (measured: a fixed cost of a
+        // few ms per pass, a tenth of a 4 GiB pass).
+        Strategy::Hybrid { window, .. } => Some(WindowSrc::Register {
+            window: window as u64,
+            in_flight: HYBRID_IN_FLIGHT,
+            leave: (window as u64).saturating_mul(HYBRID_LEAVE_WINDOWS),
+        }),
         _ => None,
     };
     let ring_threads = match strategy {
@@ -494,8 +502,13 @@ impl Claims {
     }
 
     pub(super) fn front(&self, size: u64) -> Option<Range<u64>> {
+        self.front_leaving(size, 0)
+    }
+
+    /// As [`Claims::front`], but `None` once fewer than `leave` bytes are left.
+    pub(super) fn front_leaving(&self, size: u64, leave: u64) -> Option<Range<u64>> {
         let mut c = lock(&self.cursor);
-        if c.start >= c.end {
+        if c.start >= c.end || c.end - c.start < leave {
             return None;
         }
         let end = ((c.start / size).saturating_add(1)).saturating_mul(size).min(c.end);
@@ -524,6 +537,10 @@ impl Claims {
         Some(r)
     }
 }
+
+/// In the hybrid, the window agent leaves the last this many windows' worth
+/// of the range to the ring agents.
+const HYBRID_LEAVE_WINDOWS: u64 = 2;
 
 /// How long the tail of a pass polls its last event before sleeping on it: a
 /// blocking-sync event wakes its waiter late, a fixed cost on every pass.
@@ -571,6 +588,16 @@ mod tests {
         assert_eq!(c.front(4096), Some(4096..8000));
         assert_eq!(c.front(4096), None);
         assert_eq!(c.back(1000), None);
+    }
+
+    #[test]
+    fn front_claims_leave_the_end() {
+        let c = Claims::new(0..10_000);
+        assert_eq!(c.front_leaving(1000, 3000), Some(0..1000));
+        assert_eq!(c.back(1000), Some(9000..10_000));
+        assert_eq!(c.front_leaving(4000, 3000), Some(1000..4000));
+        assert_eq!(c.front_leaving(1000, 5001), None, "5000 left, fewer than asked");
+        assert_eq!(c.front(1000), Some(4000..5000), "plain claims still take it");
     }
 
     #[test]

@@ -60,7 +60,7 @@ impl Shared {
         strategy: Strategy,
     ) -> Result<()> {
         let budget = &self.config.budget;
-        let need = strategy.pinned_bytes(range.end - range.start).unwrap_or(0);
+        let need = strategy.nominal_bytes(range.end - range.start).unwrap_or(0);
         let held = match (strategy, &st.ring) {
             (Strategy::WholeFile, _) => cached(st, file, range, self.portable).is_some(),
             (Strategy::Ring { slots, slot, .. } | Strategy::Direct { slots, slot, .. }, Some(r)) => {

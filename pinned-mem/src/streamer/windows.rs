@@ -37,8 +37,9 @@ use crate::sink::{RangePart, Sink};
 /// Where the window agent's pinned bytes come from.
 #[derive(Clone, Copy)]
 pub(super) enum WindowSrc<'a> {
-    /// Register each window, `in_flight` at once.
-    Register { window: u64, in_flight: usize },
+    /// Register each window, `in_flight` at once; claim none once fewer
+    /// than `leave` bytes are left (the hybrid's ring agents take those).
+    Register { window: u64, in_flight: usize, leave: u64 },
     /// Pieces of a registration made beforehand (cached whole file).
     Whole { reg: &'a PinnedRange },
 }
@@ -104,7 +105,11 @@ fn claim_windows<S: Sink>(
 ) -> Result<()> {
     let mut out = Vec::new();
     while !ctx.aborted() {
-        let Some(r) = claims.front(src.size()) else { break };
+        let leave = match src {
+            WindowSrc::Register { leave, .. } => leave,
+            WindowSrc::Whole { .. } => 0,
+        };
+        let Some(r) = claims.front_leaving(src.size(), leave) else { break };
         if queue.is_full() {
             // In the primary context `cudaHostUnregister` waits for every copy
             // in flight on the device (measured on the H200), so retiring one
