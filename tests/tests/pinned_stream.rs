@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wirespeed_cuda::{Device, DeviceBuffer};
-use wirespeed_pinned::{Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer, WindowContext};
+use wirespeed_pinned::{
+    CopyStreams, Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer, WindowContext,
+};
 use wirespeed_tests::{Ctx, Watchdog, open_mapped, pattern, start};
 
 const LEN: usize = (3 << 20) + 12345;
@@ -1031,12 +1033,11 @@ fn ring_slots_are_page_aligned_and_budgeted() {
     t.assert_clean();
 }
 
-/// Ring agents copy on streams of their own by default (their copies do not
-/// queue behind the window agent's), or on the streamer's stream when asked:
-/// both land every byte, under a delay that shows a missing order, and a
+/// Ring agents copy on the streamer's stream, on a stream of their own, or
+/// on one stream each: every way lands every byte, under a delay that shows a missing order, and a
 /// caller's copy after the transfer sees them all.
 #[test]
-fn ring_agents_copy_on_streams_of_their_own_or_on_the_streamers() {
+fn ring_agents_copy_on_one_stream_their_own_or_one_each() {
     let t = start();
     let _w = Watchdog::new(120);
     let dir = DiskDir::new("agentstreams");
@@ -1049,18 +1050,19 @@ fn ring_agents_copy_on_streams_of_their_own_or_on_the_streamers() {
         Strategy::Hybrid { window: 256 << 10, slot: 64 << 10, threads: 3 },
         Strategy::Direct { slots: 6, slot: 64 << 10, threads: 3 },
     ] {
-        for own in [true, false] {
+        for (streams, made) in [(CopyStreams::PerThread, 4), (CopyStreams::RingApart, 2), (CopyStreams::One, 1)] {
             let created = t.emulated().then(|| t.emu().call_count("cudaStreamCreateWithPriority").unwrap_or(0));
-            let s = Streamer::new(&[dev], StreamConfig::new(strategy, budget.clone()).with_agent_streams(own)).unwrap();
+            let s =
+                Streamer::new(&[dev], StreamConfig::new(strategy, budget.clone()).with_copy_streams(streams)).unwrap();
             let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
             for pass in 0..2 {
                 let report = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap();
-                assert_eq!(dst.to_vec().unwrap(), data, "{strategy} own streams {own}, pass {pass}: {report}");
+                assert_eq!(dst.to_vec().unwrap(), data, "{strategy} {streams:?}, pass {pass}: {report}");
             }
             if let Some(before) = created {
-                // The streamer's own stream, plus one per ring thread (made once, kept) when asked.
-                let made = t.emu().call_count("cudaStreamCreateWithPriority").unwrap_or(0) - before;
-                assert_eq!(made, if own { 4 } else { 1 }, "{strategy} own streams {own}");
+                // The streamer's own stream, plus the ring's (made once, kept).
+                let now = t.emu().call_count("cudaStreamCreateWithPriority").unwrap_or(0);
+                assert_eq!(now - before, made, "{strategy} {streams:?}");
             }
         }
     }

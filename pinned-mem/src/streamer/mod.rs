@@ -72,7 +72,7 @@ mod windows;
 use cache::{State, kept};
 use plan::check_range;
 
-pub use config::{Progress, StreamConfig};
+pub use config::{CopyStreams, Progress, StreamConfig};
 pub use report::{Report, WindowContext};
 pub use transfer::{StartOptions, Transfer};
 
@@ -137,7 +137,7 @@ pub(super) struct Shared {
     /// them is a fixed cost every pass would pay).
     window_events: Mutex<Vec<Vec<Event>>>,
     /// The ring agents' own streams and events, kept between transfers
-    /// (see [`StreamConfig::agent_streams`]).
+    /// (see [`StreamConfig::copy_streams`]).
     agent_streams: Mutex<pipeline::AgentStreams>,
     config: StreamConfig,
     portable: bool,

@@ -18,7 +18,7 @@ use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
 use super::ring::{AgentLane, Fill, ring_agent};
 use super::windows::{WindowSrc, window_agent};
-use super::{Report, Shared, WindowContext, lock, write};
+use super::{CopyStreams, Report, Shared, WindowContext, lock, write};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
@@ -116,20 +116,23 @@ impl Shared {
         // Ring agents on streams of their own, each through a lane of the
         // sink (the window agent has lane 0, on the streamer's streams).
         let mut pool = lock(&self.agent_streams);
+        let sets = match self.config.copy_streams {
+            CopyStreams::One => 0,
+            CopyStreams::RingApart => 1,
+            CopyStreams::PerThread => agents.ring.as_ref().map_or(0, |r| r.threads),
+        };
         let lanes = match &agents.ring {
-            Some(r) if S::LANES && self.config.agent_streams => {
-                match pool.fork(&self.devices, &self.streams, r.threads) {
-                    Ok(()) => {
-                        write(&sink).open_lanes(1 + r.threads);
-                        ctx.lanes = true;
-                        Some(&pool.agents[..r.threads])
-                    }
-                    Err(e) => {
-                        ctx.fail(e);
-                        None
-                    }
+            Some(r) if S::LANES && sets > 0 => match pool.fork(&self.devices, &self.streams, sets) {
+                Ok(()) => {
+                    write(&sink).open_lanes(1 + r.threads);
+                    ctx.lanes = true;
+                    Some(&pool.agents[..sets])
                 }
-            }
+                Err(e) => {
+                    ctx.fail(e);
+                    None
+                }
+            },
             _ => None,
         };
         match agents.windows {
@@ -336,7 +339,8 @@ fn run_threads<S: Sink>(
         if let Some(RingAgents { ring, fill, slot, threads, from_back }) = agents.ring {
             for k in 0..threads {
                 let tx = tx.clone();
-                let lane = match lanes.and_then(|l| l.get(k)) {
+                // Each thread its own lane; the stream sets shared round-robin.
+                let lane = match lanes.and_then(|l| l.get(k % l.len().max(1))) {
                     Some(set) => AgentLane::Own { lane: k + 1, streams: &set.streams },
                     None => AgentLane::Shared,
                 };

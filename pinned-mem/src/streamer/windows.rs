@@ -109,6 +109,13 @@ fn claim_windows<S: Sink>(
             WindowSrc::Register { leave, .. } => leave,
             WindowSrc::Whole { .. } => 0,
         };
+        if matches!(src, WindowSrc::Register { .. }) && ctx.window_ctx.is_some() {
+            // In a second context unregistering waits for nothing else: a
+            // window whose copies are done retires now, so that few are left
+            // to unregister when the range is claimed (at the end of a pass
+            // those unregisters are the tail: 107 MiB take about 3 ms).
+            queue.retire_done(ctx)?;
+        }
         let Some(r) = claims.front_leaving(src.size(), leave) else { break };
         if queue.is_full() {
             // In the primary context `cudaHostUnregister` waits for every copy
@@ -268,6 +275,30 @@ impl Queue {
     /// Retires the `n` oldest windows, stopping at the first error.
     fn retire_batch(&mut self, ctx: &Ctx<'_>, n: usize) -> Result<()> {
         for _ in 0..n {
+            if let Some(w) = self.windows.pop_front() {
+                retire(ctx, w, &self.events, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Retires the oldest windows whose copies have completed (asking CUDA,
+    /// never waiting), stopping at the first that has not or at an error.
+    fn retire_done(&mut self, ctx: &Ctx<'_>) -> Result<()> {
+        while let Some(w) = self.windows.front() {
+            let mut done = true;
+            for (i, ev) in self.events[w.set].iter().enumerate() {
+                if w.mask & (1 << i) != 0
+                    && let Some(ev) = ev
+                    && !ev.query()?
+                {
+                    done = false;
+                    break;
+                }
+            }
+            if !done {
+                return Ok(());
+            }
             if let Some(w) = self.windows.pop_front() {
                 retire(ctx, w, &self.events, false)?;
             }

@@ -116,25 +116,28 @@ fn parse_ring_cache(v: &str) -> Result<(usize, usize, usize), String> {
     Ok((threads, slot as usize, per))
 }
 
-/// A row given with `--strategy`: the strategy, and whether ring threads copy
-/// on streams of their own (`StreamConfig::agent_streams`).
+/// A row given with `--strategy`: the strategy, and the streams its copies go
+/// on (`StreamConfig::copy_streams`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Custom {
     pub strategy: wirespeed_pinned::Strategy,
-    pub agent_streams: bool,
+    pub copy_streams: wirespeed_pinned::CopyStreams,
 }
 
 /// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
 /// `windows:WINDOW,IN_FLIGHT`, `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G) or
-/// `auto`, each optionally followed by `/one-stream` (every copy on the streamer's stream).
+/// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
-    use wirespeed_pinned::Strategy;
-    let (spec, agent_streams) = match v.strip_suffix("/one-stream") {
-        Some(spec) => (spec, false),
-        None => (v, true),
+    use wirespeed_pinned::{CopyStreams, Strategy};
+    let (spec, copy_streams) = match v.split_once("/streams=") {
+        Some((spec, "one")) => (spec, CopyStreams::One),
+        Some((spec, "ring")) => (spec, CopyStreams::RingApart),
+        Some((spec, "thread")) => (spec, CopyStreams::PerThread),
+        Some((_, other)) => return Err(format!("{v}: streams={other}: give one, ring or thread")),
+        None => (v, CopyStreams::default()),
     };
     if spec == "auto" {
-        return Ok(Custom { strategy: Strategy::Auto, agent_streams });
+        return Ok(Custom { strategy: Strategy::Auto, copy_streams });
     }
     let (kind, args) = spec.split_once(':').ok_or("give KIND:ARGS, e.g. hybrid:112M,4M,4")?;
     let a: Vec<&str> = args.split(',').map(str::trim).collect();
@@ -147,11 +150,11 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         ("windows", [w, k]) => Strategy::Windows { window: size(w)?, in_flight: count(k)? },
         _ => {
             return Err(format!(
-                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /one-stream)"
+                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /streams=one|ring|thread)"
             ));
         }
     };
-    Ok(Custom { strategy: s, agent_streams })
+    Ok(Custom { strategy: s, copy_streams })
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
@@ -196,8 +199,8 @@ pub struct Options {
     /// Extra rows, each a strategy spelled out (hybrid:WINDOW,SLOT,THREADS, ring:SLOTS,SLOT,THREADS,
     /// windows:WINDOW,IN_FLIGHT, direct:SLOTS,SLOT,THREADS), run within the pin budget as
     /// `custom-1`, `custom-2`, ... after the others: for trying what `auto` could pick. `auto` and
-    /// a `/one-stream` suffix (every copy on the streamer's stream, not one per ring thread) are
-    /// accepted too
+    /// a `/streams=one|ring|thread` suffix (the streams the copies go on: the streamer's, a second
+    /// one for the ring threads, one per ring thread) are accepted too
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
     pub custom: Vec<Custom>,
 

@@ -333,8 +333,8 @@ pub struct LibRun {
     pub fresh: bool,
     /// Timed repetitions.
     pub reps: usize,
-    /// `StreamConfig::agent_streams`.
-    pub agent_streams: bool,
+    /// `StreamConfig::copy_streams`.
+    pub copy_streams: wirespeed_pinned::CopyStreams,
 }
 
 fn transfer(streamer: &Streamer, data: &Data, range: &Range<u64>, target: &mut Dest) -> Result<Report> {
@@ -358,7 +358,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             let mut config = StreamConfig::new(spec.strategy, budget);
             config.verify = verify;
             config.progress = Some(callback.clone());
-            config.agent_streams = spec.agent_streams;
+            config.copy_streams = spec.copy_streams;
             Ok(Streamer::new(&[dev], config)?)
         };
         let kept = if spec.fresh { None } else { Some(make(false)?) };
@@ -582,7 +582,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         warm_up: !cold,
         fresh: false,
         reps,
-        agent_streams: true,
+        copy_streams: wirespeed_pinned::CopyStreams::default(),
     };
 
     if sel("pageable") {
@@ -640,11 +640,15 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         rows.push(library(b, data, &mut dest, spec)?);
     }
     for (i, custom) in b.opts.custom.clone().into_iter().enumerate() {
-        let streams = if custom.agent_streams { "" } else { ", every copy on the streamer's stream" };
+        let streams = match custom.copy_streams {
+            wirespeed_pinned::CopyStreams::One => "",
+            wirespeed_pinned::CopyStreams::RingApart => ", the ring's copies on a stream of their own",
+            _ => ", a stream per ring thread",
+        };
         let what = format!("a strategy given with --strategy, within the {} pin budget{streams}", fmt_bytes(budget));
         let mut spec = lib(&format!("custom-{}", i + 1), what, custom.strategy, lim(), false);
         spec.reps = target_reps;
-        spec.agent_streams = custom.agent_streams;
+        spec.copy_streams = custom.copy_streams;
         rows.push(library(b, data, &mut dest, spec)?);
     }
     if sel("budget-reuse") {
