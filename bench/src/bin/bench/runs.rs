@@ -555,6 +555,8 @@ pub struct Streamed {
     pub destination: String,
     /// What KvikIO's script printed and wrote, where it ran.
     pub kvikio: Option<crate::script::Output>,
+    /// The overlap run, where it ran.
+    pub overlap: Option<crate::overlap::Overlap>,
 }
 
 /// Every file-streaming run, in order (cold runs last: they empty the page
@@ -649,6 +651,8 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         spec.range = 0..n;
         rows.push(library(b, data, &mut dest, spec)?);
     }
+    // On the page-cached file, before the cold runs empty the cache.
+    let overlap = if sel("overlap") { Some(crate::overlap::run(b, data, budget)?) } else { None };
     let (hot, cold) = (sel("kvikio-hot"), sel("kvikio-cold") && !data.tmpfs);
     let mut kvikio = None;
     if hot || cold {
@@ -663,7 +667,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
             let kind = if n == "disk-direct" { Kind::Disk } else { Kind::Stream };
             rows.push(Row::skipped(n, kind, "cold read", "the file is on tmpfs (RAM): nothing is read from a disk"));
         }
-        return Ok(Streamed { rows, destination: dest.describe(), kvikio });
+        return Ok(Streamed { rows, destination: dest.describe(), kvikio, overlap });
     }
     if sel("disk-direct") {
         rows.push(disk_direct(b, data)?);
@@ -676,5 +680,5 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         let what = "page cache dropped, O_DIRECT reads straight into pinned slots".to_string();
         rows.push(library(b, data, &mut dest, lib("cold-direct", what, direct_for(threads, budget), lim(), true))?);
     }
-    Ok(Streamed { rows, destination: dest.describe(), kvikio })
+    Ok(Streamed { rows, destination: dest.describe(), kvikio, overlap })
 }
