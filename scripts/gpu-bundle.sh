@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Packs the workspace's test executables, binaries and examples (release build)
-# into .gpu/ at the repository root, for a GPU machine without a Rust toolchain.
+# Packs the workspace's test executables, binaries and examples (release build),
+# and the binary of downstream/ (a crate outside the workspace that uses the
+# library as a runtime would), into .gpu/ at the repository root, for a GPU
+# machine without a Rust toolchain.
 # Copy the repository (or just .gpu/ and scripts/) there and run from its root:
 #
 #   scripts/gpu-bundle.sh                 # here: every test, bin and example
 #   scripts/gpu-bundle.sh -p wirespeed-bench   # extra arguments go to cargo
-#   .gpu/run.sh                           # there: every test executable, GPU required
+#   .gpu/run.sh                           # there: every test executable and downstream/, GPU required
 #   .gpu/run.sh bench --quick             # there: one packed binary by name
 #
 # Tests run with CUDA_REQUIRED=1, so a test that would skip for want of a GPU
@@ -14,7 +16,8 @@
 # can be checked against both majors there (CUDA_WHEEL_LIBS points at them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-exclude=.git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude) # (in a worktree too)
+mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
 rm -rf .gpu
 mkdir -p .gpu/tests .gpu/bin .gpu/libs
@@ -34,6 +37,9 @@ for line in sys.stdin:
 {
   cargo test --workspace --release --no-run --message-format=json-render-diagnostics "$@"
   cargo build --workspace --release --bins --examples --message-format=json-render-diagnostics "$@"
+  # Its own lock file and target folder: it is not a member of the workspace.
+  cargo build --release --manifest-path downstream/Cargo.toml --target-dir target/downstream-crate \
+    --message-format=json-render-diagnostics
 } | executables | sort -u | while read -r kind name exe; do
   dest=".gpu/$kind/$name"
   # Two test targets of one name (a crate's unit tests and its doc tests, say):
@@ -65,6 +71,10 @@ for t in .gpu/tests/*; do
   echo "=== $(basename "$t")"
   "$t" --test-threads=1 || failed+=("$(basename "$t")")
 done
+if [ -x .gpu/bin/wirespeed-downstream ]; then
+  echo "=== wirespeed-downstream (downstream/: the library used as a runtime would, real runtime)"
+  .gpu/bin/wirespeed-downstream || failed+=(wirespeed-downstream)
+fi
 if [ ${#failed[@]} = 0 ]; then echo "=== every test executable passed"; else echo "=== FAILED: ${failed[*]}"; exit 1; fi
 RUN
 chmod +x .gpu/run.sh

@@ -13,7 +13,9 @@
 //! * [`PinnedRange`]: any byte range of it registered **in place**
 //!   (`cudaHostRegister(ReadOnly)`), rounded out to pages, optionally
 //!   `mlock`-ed; copies from it run at the line rate (55 GB/s). Overlapping
-//!   pages share a registration or are refused clearly. With
+//!   pages share a registration or are refused clearly.
+//!   [`PinnedRange::new_on`] names the device it is registered for (as every
+//!   object of `wirespeed-cuda` names its device); with
 //!   [`PinnedRange::new_in`] the range is registered in a
 //!   [`wirespeed_cuda::RegistrationContext`] (a second context on the GPU),
 //!   whose unregister neither waits for nor stalls the other copies.

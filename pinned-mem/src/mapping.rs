@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags};
+use wirespeed_cuda::{Device, DeviceBuffer, Pod};
 
 use crate::budget::Reservation;
 use crate::error::{Error, Result};
@@ -201,6 +202,85 @@ impl MappedFile {
         // (PROT_READ), and the caller of the unsafe `open` vouched that no one
         // writes or truncates the file while it is mapped.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
+    }
+
+    /// The bytes `range` of the file, through the mapping: file offsets as
+    /// they are (`u64`), checked against the file, no casts to `usize`.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-bytes-{}", std::process::id()));
+    /// # std::fs::write(&path, (0..=255u8).collect::<Vec<_>>())?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// assert_eq!(file.bytes(16..20)?, [16, 17, 18, 19]);
+    /// assert!(file.bytes(250..260).is_err()); // past the end
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`] for a reversed range or one past the end of the file.
+    pub fn bytes(&self, range: Range<u64>) -> Result<&[u8]> {
+        self.check_range(&range)?;
+        // Both ends are at most `len`, which `as_bytes` holds as a `usize`.
+        Ok(&self.as_bytes()[range.start as usize..range.end as usize])
+    }
+
+    /// A device buffer for the bytes `range` of the file, as values of `T`
+    /// (contents unspecified, as [`DeviceBuffer::new`]): the destination of a
+    /// transfer of that range, sized without `u64` to `usize` arithmetic.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-device-buffer-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![0u8; 1 << 16])?;
+    /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 20)))?;
+    /// let mut all = file.device_buffer::<u8>(&dev, 0..file.len())?;
+    /// streamer.to_device(&file, 0..file.len(), &mut all)?;
+    /// let mut floats = file.device_buffer::<f32>(&dev, 4096..8192)?; // 1024 values
+    /// assert_eq!(floats.len(), 1024);
+    /// streamer.to_device(&file, 4096..8192, &mut floats)?;
+    /// assert!(file.device_buffer::<f32>(&dev, 0..6).is_err()); // not whole f32 values
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`] for a reversed range or one past the end of the
+    /// file; [`Error::InvalidArgument`] when the range is not a whole number
+    /// of `T` (or `T` has no size); CUDA's error allocating.
+    pub fn device_buffer<T: Pod>(&self, device: &Device, range: Range<u64>) -> Result<DeviceBuffer<T>> {
+        const WHAT: &str = "MappedFile::device_buffer";
+        self.check_range(&range)?;
+        let (bytes, size) = (range.end - range.start, size_of::<T>() as u64);
+        if size == 0 {
+            return Err(Error::invalid(WHAT, "the element type has no size"));
+        }
+        if !bytes.is_multiple_of(size) {
+            return Err(Error::invalid(
+                WHAT,
+                format!("the range holds {bytes} bytes, not a whole number of {size}-byte values"),
+            ));
+        }
+        let len = usize::try_from(bytes / size)
+            .map_err(|_| Error::invalid(WHAT, format!("{bytes} bytes do not fit the address space")))?;
+        Ok(DeviceBuffer::new(device, len)?)
+    }
+
+    /// Refuses a reversed range, or one past the end of the file.
+    fn check_range(&self, range: &Range<u64>) -> Result<()> {
+        let reason = if range.start > range.end {
+            "the range is reversed"
+        } else if range.end > self.len {
+            "the range runs past the end of the file"
+        } else {
+            return Ok(());
+        };
+        Err(Error::BadRange { range: range.clone(), len: self.len, reason })
     }
 
     /// Asks the kernel to drop the file's pages from the page cache (for cold

@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use wirespeed_cuda::{HostRegistration, PinnedSlice, RegisterFlags, RegistrationContext};
+use wirespeed_cuda::{Device, HostRegistration, PinnedSlice, RegisterFlags, RegistrationContext};
 
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
@@ -39,7 +39,9 @@ pub struct PinOptions {
     /// this only matters where locked memory must show up as such.
     pub mlock: bool,
     /// Register for every device (`cudaHostRegisterPortable`), for several GPUs.
-    /// Without it the registration belongs to the calling thread's current device.
+    /// Without it the registration belongs to one device: the calling
+    /// thread's current one ([`PinnedRange::new`]) or the one named
+    /// ([`PinnedRange::new_on`]).
     pub portable: bool,
 }
 
@@ -178,9 +180,20 @@ impl std::fmt::Debug for PinnedRange {
 impl PinnedRange {
     /// Pins bytes `range` of `file`: rounds out to pages, draws the pages from
     /// `budget`, `mlock`s them if asked, and registers them read-only (plus
-    /// portable if asked) on the calling thread's current device. A range inside
-    /// a live registration of the same mapping shares it instead (no budget, no
-    /// registration).
+    /// portable if asked) for the calling thread's current device. A range
+    /// inside a live registration of the same mapping shares it instead (no
+    /// budget, no registration).
+    ///
+    /// The current device is the one the thread's last call of
+    /// `wirespeed-cuda` made current (every object there makes its own
+    /// device current before each call; device 0 before any call), or one
+    /// that other code set. With one GPU that is always it; with several,
+    /// name the device ([`PinnedRange::new_on`]) or ask for a portable
+    /// registration ([`PinOptions::portable`]): a registration that is
+    /// neither belongs to whichever device happened to be current, and copies
+    /// to the others read it as pageable memory (staged by the driver, far
+    /// from the line rate). A range inside a live registration shares it
+    /// whatever device that was made for.
     ///
     /// ```no_run
     /// # use wirespeed_pinned::*;
@@ -198,6 +211,41 @@ impl PinnedRange {
     /// from `cudaHostRegister`. Nothing stays pinned, locked or drawn on error.
     pub fn new(file: &Arc<MappedFile>, range: Range<u64>, opts: PinOptions, budget: &PinBudget) -> Result<PinnedRange> {
         Self::create(file, range, opts, budget).map(|(r, _)| r)
+    }
+
+    /// As [`PinnedRange::new`], registered for `device` (made current on the
+    /// calling thread first), as every object of `wirespeed-cuda` is made on
+    /// a device it names. With [`PinOptions::portable`] the registration is
+    /// for every device, this one included.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-new-on-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![9u8; 1 << 16])?;
+    /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+    /// use wirespeed_pinned::{MappedFile, PinBudget, PinOptions, PinnedRange};
+    /// let dev = Device::get(0)?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let range = PinnedRange::new_on(&dev, &file, 0..4096, PinOptions::default(), &PinBudget::new(1 << 20))?;
+    /// let mut dst = file.device_buffer::<u8>(&dev, 0..4096)?;
+    /// Stream::new(&dev)?.copy_to_device(&range.source(), &mut dst)?.wait()?;
+    /// assert_eq!(dst.to_vec()?, range.as_bytes());
+    /// # drop(range); std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`PinnedRange::new`]; CUDA's error making `device` current.
+    pub fn new_on(
+        device: &Device,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        opts: PinOptions,
+        budget: &PinBudget,
+    ) -> Result<PinnedRange> {
+        device.make_current()?;
+        Self::new(file, range, opts, budget)
     }
 
     /// As [`PinnedRange::new`], but registered in the registration context

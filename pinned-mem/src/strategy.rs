@@ -38,7 +38,8 @@ pub enum Strategy {
         in_flight: usize,
     },
     /// The pinned ring: `threads` threads `pread` the file into `slots` pinned
-    /// slots of `slot` bytes, each copied as soon as filled. Needs `slots * slot`.
+    /// slots of `slot` bytes, each copied as soon as filled. Needs `slots * slot`,
+    /// and up to a page more per slot ([`Strategy::pinned_bytes`]).
     Ring {
         /// Number of slots.
         slots: usize,
@@ -51,7 +52,7 @@ pub enum Strategy {
     /// bytes from the front of the range (4 registered at once) while
     /// `threads` ring threads copy slots of `slot` bytes from the back (4 slots
     /// per thread); they meet where their rates put them. Needs
-    /// `4 * window + 4 * threads * slot`.
+    /// `4 * window + 4 * threads * slot`, and up to a page more per slot.
     Hybrid {
         /// Bytes per window (rounded up to pages).
         window: usize,

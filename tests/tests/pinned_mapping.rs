@@ -99,3 +99,32 @@ fn the_mapping_is_shared_and_read_only() {
     assert_eq!(perms, "r--s", "PROT_READ + MAP_SHARED, never private or writable: {line}");
     t.assert_clean();
 }
+
+#[test]
+fn bytes_and_device_buffers_of_ranges_take_file_offsets() {
+    let t = start();
+    let dir = TempDir::new("pm-map");
+    let path = dir.join("ranges.bin");
+    let data = write_pattern_file(&path, 7, (1 << 20) + 10);
+    let f = open_mapped(&path).unwrap();
+    let len = f.len();
+    assert_eq!(f.bytes(0..len).unwrap(), &data[..]);
+    assert_eq!(f.bytes(100..164).unwrap(), &data[100..164]);
+    assert!(f.bytes(len..len).unwrap().is_empty());
+    #[allow(clippy::reversed_empty_ranges)] // on purpose
+    let reversed = 10..5;
+    assert!(matches!(f.bytes(reversed.clone()), Err(Error::BadRange { .. })));
+    assert!(matches!(f.bytes(0..len + 1), Err(Error::BadRange { .. })));
+
+    let dev = wirespeed_cuda::Device::get(0).unwrap();
+    let whole = f.device_buffer::<u8>(&dev, 0..len).unwrap();
+    assert_eq!((whole.len() as u64, whole.device()), (len, dev));
+    let words = f.device_buffer::<u32>(&dev, 8..4104).unwrap();
+    assert_eq!(words.len(), 1024);
+    assert_eq!(f.device_buffer::<f64>(&dev, 3..3).unwrap().len(), 0);
+    assert!(matches!(f.device_buffer::<u32>(&dev, 0..6), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(f.device_buffer::<u8>(&dev, reversed), Err(Error::BadRange { .. })));
+    assert!(matches!(f.device_buffer::<u8>(&dev, 0..len + 1), Err(Error::BadRange { .. })));
+    drop((whole, words));
+    t.assert_clean();
+}

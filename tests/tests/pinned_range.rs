@@ -273,3 +273,30 @@ fn memlock_child() {
     t.assert_clean();
     println!("MEMLOCK-CHILD-OK");
 }
+
+#[test]
+fn new_on_registers_for_the_device_it_names() {
+    let t = start();
+    let dir = TempDir::new("pm-range");
+    let (f, data) = file(&dir, 9, (1 << 20) + 5);
+    let budget = PinBudget::new(8 << 20);
+    let dev = Device::get(0).unwrap();
+    let r = PinnedRange::new_on(&dev, &f, 10..(1 << 20), PinOptions::default(), &budget).unwrap();
+    assert!(!r.is_portable() && r.context().is_none());
+    assert_eq!(round_trip(&r), &data[10..1 << 20]);
+    // A part of it shares it, named device or not.
+    let part = PinnedRange::new_on(&dev, &f, 4096..8192, PinOptions::default(), &budget).unwrap();
+    assert_eq!(part.sharers(), 2);
+    drop(part);
+    r.release().unwrap();
+    assert_eq!(budget.used(), 0);
+    // On the last device (the same one with a single GPU), portable: for every device.
+    let last = Device::get(Device::count().unwrap() - 1).unwrap();
+    let p =
+        PinnedRange::new_on(&last, &f, 0..4096, PinOptions { portable: true, ..Default::default() }, &budget).unwrap();
+    assert!(p.is_portable());
+    assert_eq!(round_trip(&p), &data[..4096]);
+    drop(p);
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}

@@ -29,6 +29,9 @@ STRATEGIES (--only):
     whole-file        the whole file registered once (ignores the pin budget)
     auto              the library's automatic choice within the pin budget
     budget-reuse      data within the pin budget: registered once, copied again
+    overlap           batches of the file streamed into an arena the caller owns while the caller's
+                      own stream copies each landed batch (device to device, k times, k calibrated
+                      to take as long as the streaming): wall of both against each alone
     kvikio-hot        KvikIO (compatibility mode) reads the page-cached file into a torch CUDA
                       tensor: the best of a small sweep (bench/kvikio_read.py; needs kvikio, torch)
     kvikio-cold       the same with the page cache dropped before each read
@@ -65,6 +68,7 @@ pub const STRATEGY_FAMILIES: &[&str] = &[
     "whole-file",
     "auto",
     "budget-reuse",
+    "overlap",
     "kvikio-hot",
     "kvikio-cold",
     "disk-direct",

@@ -13,6 +13,7 @@
 //! cargo run -p wirespeed-bench --features emulator -- --emulated --quick   # no GPU needed
 //! bench --size 4G --budget 512M --pytorch-rows --overhead --out results/   # every target, KvikIO where importable
 //! bench --size 40G --budget 4G --only auto --out results-40g/              # the page-cached target at scale
+//! bench --only overlap                                                      # streaming overlapped with the caller's work
 //! ```
 //!
 //! See `bench --help` for every option.
@@ -24,6 +25,7 @@ mod gpu;
 mod kvikio;
 mod output;
 mod overhead;
+mod overlap;
 mod progress;
 mod rawcuda;
 mod results;
@@ -90,6 +92,7 @@ fn run(opts: Options) -> Result<ExitCode> {
     let mut rows = Vec::new();
     let mut file = None;
     let mut kvikio = None;
+    let mut overlap = None;
     if opts.streams() {
         let data = data::prepare(&opts, threads, &progress)?;
         let budget = opts.budget.unwrap_or_else(|| round_down(data.len / 8, MIB));
@@ -102,6 +105,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         let streamed = runs::stream_all(&mut b, &data, budget)?;
         rows = streamed.rows;
         kvikio = streamed.kvikio;
+        overlap = streamed.overlap;
         file = Some(FileInfo {
             path: data.path.display().to_string(),
             bytes: data.len,
@@ -129,6 +133,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         rows: &rows,
         pytorch_rows: &pytorch_rows,
         overhead: overhead.as_ref(),
+        overlap: overlap.as_ref(),
         torch: torch.as_ref(),
         kvikio: kvikio.as_ref(),
     };
@@ -155,8 +160,11 @@ fn run(opts: Options) -> Result<ExitCode> {
     }
     // Another tool's failure (KvikIO's) is shown, not counted.
     let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows).filter(|r| r.kind != Kind::External);
-    let failed: Vec<&str> =
+    let mut failed: Vec<&str> =
         all.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
+    if overlap.as_ref().is_some_and(|o| o.error.is_some() || o.intact.as_bool() == Some(false)) {
+        failed.push("overlap");
+    }
     if failed.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {

@@ -4,11 +4,12 @@
 use crate::args::Options;
 use crate::gpu::Gpu;
 use crate::overhead::Overhead;
+use crate::overlap::{self, Overlap};
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::rows;
 use crate::script;
 use crate::targets::{self, Target};
-use crate::util::{Fatal, Result, Stats, fmt_bytes};
+use crate::util::{Fatal, Result, Stats, fmt_bytes, stats};
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -39,6 +40,8 @@ pub struct Summary<'a> {
     pub rows: &'a [Row],
     pub pytorch_rows: &'a [Row],
     pub overhead: Option<&'a Overhead>,
+    /// The overlap run (streaming while the caller's stream works), where it ran.
+    pub overlap: Option<&'a Overlap>,
     pub torch: Option<&'a rows::Torch>,
     /// What KvikIO's script printed and wrote, where it ran.
     pub kvikio: Option<&'a script::Output>,
@@ -381,6 +384,9 @@ pub fn text(s: &Summary) -> String {
             o.pct, o.round_pct.min, o.round_pct.max, o.medians_pct
         );
     }
+    if let Some(o) = s.overlap {
+        overlap_text(&mut out, o, s.gpu.emulated);
+    }
     if let Some(k) = s.kvikio {
         let _ = writeln!(out, "\nKvikIO's own run on the same file (bench/kvikio_read.py):");
         for l in k.text.lines() {
@@ -392,6 +398,61 @@ pub fn text(s: &Summary) -> String {
         let _ = writeln!(out, "*** {EMULATED} ***");
     }
     out
+}
+
+fn overlap_text(out: &mut String, o: &Overlap, emulated: bool) {
+    let _ = writeln!(
+        out,
+        "\nOverlap with the caller's work{}: {} batches of {} ({}) streamed with start_with(.., after(caller)) into \
+         {} slots of an arena the caller owns (up to {} transfers queued ahead); per batch, then_on(caller), then \
+         the caller's work on its own stream: k device-to-device copies of the batch",
+        if emulated { " [EMULATED]" } else { "" },
+        o.batches,
+        fmt_bytes(o.batch),
+        fmt_bytes(o.bytes()),
+        o.slots,
+        o.slots.saturating_sub(1)
+    );
+    if let Some(e) = &o.error {
+        let _ = writeln!(out, "  FAILED: {e}");
+        return;
+    }
+    if let Some(why) = &o.skipped {
+        let _ = writeln!(out, "  skipped: {why}");
+        return;
+    }
+    let tries: Vec<String> = o.calibration.iter().map(|(k, t)| format!("k={k}: {:.1} ms", t * 1e3)).collect();
+    let _ = writeln!(
+        out,
+        "  k = {}, calibrated against the streaming alone ({:.1} ms): {}",
+        o.k,
+        o.calibration_target * 1e3,
+        tries.join(", ")
+    );
+    let _ = writeln!(out, "  median of {} repetition(s) (min-max):", o.both_s.len());
+    let gb = o.bytes() as f64 / 1e9;
+    for (name, st) in [("stream alone", o.stream()), ("compute alone", o.compute()), ("both", o.both())] {
+        let _ = writeln!(
+            out,
+            "  {name:<14} {:>9} ms ({}){}",
+            num(st.median * 1e3, 1),
+            range(Stats { median: st.median * 1e3, min: st.min * 1e3, max: st.max * 1e3 }, 1),
+            if name == "compute alone" { String::new() } else { format!(", {:.2} GB/s streamed", gb / st.median) }
+        );
+    }
+    let r = o.ratios();
+    let _ = writeln!(
+        out,
+        "  both / max(alone) = {:.3} (per repetition {}): target <= {:.2}; compute alone / stream alone = {:.2}; \
+         the streamer ran {} ({} registrations per pass); intact: {}",
+        o.ratio(),
+        range(r, 3),
+        overlap::TARGET_RATIO,
+        o.balance(),
+        if o.strategy.is_empty() { "?" } else { &o.strategy },
+        o.registrations.map_or("?".into(), |r| r.to_string()),
+        o.intact.short()
+    );
 }
 
 fn targets_text(out: &mut String, s: &Summary) {
@@ -619,6 +680,68 @@ struct OverheadJson {
     cpu: Option<usize>,
 }
 
+/// The overlap run, as results.json has it (seconds; `ratio` is both over
+/// the longer of the two alone, of the medians).
+#[derive(Serialize)]
+struct OverlapJson<'a> {
+    batch_bytes: u64,
+    batches: usize,
+    slots: usize,
+    /// Device-to-device copies of each batch by the caller.
+    k: usize,
+    calibration_target_seconds: Option<f64>,
+    calibration: Vec<CalibrationJson>,
+    strategy: &'a str,
+    registrations_per_pass: Option<u64>,
+    stream_alone_seconds: Stats,
+    compute_alone_seconds: Stats,
+    both_seconds: Stats,
+    stream_alone_samples: &'a [f64],
+    compute_alone_samples: &'a [f64],
+    both_samples: &'a [f64],
+    ratio: Option<f64>,
+    ratio_per_rep: Stats,
+    target_ratio: f64,
+    pass: Option<bool>,
+    intact: Option<bool>,
+    error: Option<&'a str>,
+    skipped: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct CalibrationJson {
+    k: usize,
+    compute_alone_seconds: f64,
+}
+
+impl<'a> OverlapJson<'a> {
+    fn new(o: &'a Overlap) -> Self {
+        OverlapJson {
+            batch_bytes: o.batch,
+            batches: o.batches,
+            slots: o.slots,
+            k: o.k,
+            calibration_target_seconds: finite(o.calibration_target),
+            calibration: o.calibration.iter().map(|&(k, t)| CalibrationJson { k, compute_alone_seconds: t }).collect(),
+            strategy: &o.strategy,
+            registrations_per_pass: o.registrations,
+            stream_alone_seconds: o.stream(),
+            compute_alone_seconds: o.compute(),
+            both_seconds: o.both(),
+            stream_alone_samples: &o.stream_s,
+            compute_alone_samples: &o.compute_s,
+            both_samples: &o.both_s,
+            ratio: finite(o.ratio()),
+            ratio_per_rep: o.ratios(),
+            target_ratio: overlap::TARGET_RATIO,
+            pass: o.pass(),
+            intact: o.intact.as_bool(),
+            error: o.error.as_deref(),
+            skipped: o.skipped.as_deref(),
+        }
+    }
+}
+
 #[derive(Serialize)]
 /// A script's run (torch_rows.py, kvikio_read.py).
 struct TorchJson<'a> {
@@ -660,6 +783,7 @@ struct Doc<'a> {
     results: Vec<RowJson<'a>>,
     pytorch_rows: Vec<RowJson<'a>>,
     overhead: Option<OverheadJson>,
+    overlap: Option<OverlapJson<'a>>,
     torch_rows: Option<TorchJson<'a>>,
     kvikio: Option<TorchJson<'a>>,
     targets: Vec<TargetJson>,
@@ -717,6 +841,7 @@ pub fn json(sm: &Summary) -> String {
             medians_overhead_pct: o.medians_pct,
             cpu: o.cpu,
         }),
+        overlap: sm.overlap.map(OverlapJson::new),
         torch_rows: sm.torch.map(TorchJson::new),
         kvikio: sm.kvikio.map(TorchJson::new),
         targets: targets::all(sm)
@@ -818,6 +943,43 @@ pub fn csv(sm: &Summary) -> Result<String> {
             peak_pinned_bytes: None,
             intact: None,
             error: None,
+            emulated: sm.gpu.emulated,
+        })?;
+    }
+    if let Some(o) = sm.overlap {
+        let what = format!(
+            "{} batches of {} streamed into the caller's arena while its stream copies each batch {} times: \
+             both / max(stream alone, compute alone) = {:.3} (target <= {:.2}); stream alone {:.4} s, compute \
+             alone {:.4} s, both {:.4} s",
+            o.batches,
+            fmt_bytes(o.batch),
+            o.k,
+            o.ratio(),
+            overlap::TARGET_RATIO,
+            o.stream().median,
+            o.compute().median,
+            o.both().median
+        );
+        let g = stats(&o.both_s.iter().map(|t| o.bytes() as f64 / t / 1e9).collect::<Vec<_>>());
+        w.serialize(CsvRow {
+            kind: "overlap",
+            name: "overlap",
+            description: &what,
+            strategy: &o.strategy,
+            bytes: Some(o.bytes()),
+            reps: o.both_s.len(),
+            gbps_median: finite(g.median),
+            gbps_min: finite(g.min),
+            gbps_max: finite(g.max),
+            fraction_of_line_rate: finite(g.median / sm.line_rate),
+            fraction_of_line_rate_min: finite(g.min / sm.line_rate),
+            fraction_of_line_rate_max: finite(g.max / sm.line_rate),
+            cpu_s_per_gb: None,
+            cpu_s_per_gb_min: None,
+            cpu_s_per_gb_max: None,
+            peak_pinned_bytes: None,
+            intact: o.intact.as_bool(),
+            error: o.error.clone().or_else(|| o.skipped.as_ref().map(|s| format!("skipped: {s}"))),
             emulated: sm.gpu.emulated,
         })?;
     }

@@ -503,10 +503,18 @@ pub fn disk_direct(b: &mut Bench, data: &Data) -> Result<Row> {
 
 // ---------------------------------------------------------------- the plan
 
-/// Bytes per slot for `slots` slots within `budget`: 64 KiB multiples, at most `cap`.
+/// What a ring slot may pin beyond its size: the library counts up to a page
+/// of alignment slack per slot (`Strategy::pinned_bytes`), asked of it here.
+fn slot_slack() -> u64 {
+    let g = 64 * KIB;
+    Strategy::Ring { slots: 1, slot: g as usize, threads: 1 }.pinned_bytes(g).map_or(0, |b| b.saturating_sub(g))
+}
+
+/// Bytes per slot for `slots` slots within `budget`, each with its slack:
+/// 64 KiB multiples, at most `cap`.
 fn slot_within(budget: u64, slots: usize, cap: u64) -> usize {
     let g = 64 * KIB;
-    ((budget / slots as u64 / g * g).min(cap)).max(g) as usize
+    (((budget / slots as u64).saturating_sub(slot_slack()) / g * g).min(cap)).max(g) as usize
 }
 
 /// The pinned ring for `threads` filler threads within `budget`: two slots per
@@ -528,7 +536,7 @@ pub fn windows_for(budget: u64) -> Strategy {
 pub fn hybrid_for(threads: usize, budget: u64) -> Strategy {
     let slots = 4 * threads;
     let slot = slot_within(budget / 4, slots, 16 * MIB);
-    let rest = budget.saturating_sub((slot * slots) as u64) / 4;
+    let rest = budget.saturating_sub((slot as u64 + slot_slack()) * slots as u64) / 4;
     let window = (rest / (64 * KIB) * (64 * KIB)).clamp(64 * KIB, GIB) as usize;
     Strategy::Hybrid { window, slot, threads }
 }
@@ -558,6 +566,8 @@ pub struct Streamed {
     pub destination: String,
     /// What KvikIO's script printed and wrote, where it ran.
     pub kvikio: Option<crate::script::Output>,
+    /// The overlap run, where it ran.
+    pub overlap: Option<crate::overlap::Overlap>,
 }
 
 /// Every file-streaming run, in order (cold runs last: they empty the page
@@ -608,7 +618,9 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
                 .to_string();
         let (threads, slot, per) = b.opts.ring_cache;
         let strategy = Strategy::Ring { slots: threads * per, slot, threads };
-        let budget = PinBudget::new(((threads * per * slot) as u64).max(RING_CACHE_BUDGET));
+        // What the ring pins, its slots' slack included, if more than the target's 128 MiB.
+        let need = strategy.pinned_bytes(data.len).unwrap_or(RING_CACHE_BUDGET);
+        let budget = PinBudget::new(need.max(RING_CACHE_BUDGET));
         let mut spec = lib("ring-cache", what, strategy, budget, false);
         spec.reps = target_reps;
         rows.push(library(b, data, &mut dest, spec)?);
@@ -659,6 +671,8 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         spec.range = 0..n;
         rows.push(library(b, data, &mut dest, spec)?);
     }
+    // On the page-cached file, before the cold runs empty the cache.
+    let overlap = if sel("overlap") { Some(crate::overlap::run(b, data, budget)?) } else { None };
     let (hot, cold) = (sel("kvikio-hot"), sel("kvikio-cold") && !data.tmpfs);
     let mut kvikio = None;
     if hot || cold {
@@ -673,7 +687,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
             let kind = if n == "disk-direct" { Kind::Disk } else { Kind::Stream };
             rows.push(Row::skipped(n, kind, "cold read", "the file is on tmpfs (RAM): nothing is read from a disk"));
         }
-        return Ok(Streamed { rows, destination: dest.describe(), kvikio });
+        return Ok(Streamed { rows, destination: dest.describe(), kvikio, overlap });
     }
     if sel("disk-direct") {
         rows.push(disk_direct(b, data)?);
@@ -686,5 +700,23 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         let what = "page cache dropped, O_DIRECT reads straight into pinned slots".to_string();
         rows.push(library(b, data, &mut dest, lib("cold-direct", what, direct_for(threads, budget), lim(), true))?);
     }
-    Ok(Streamed { rows, destination: dest.describe(), kvikio })
+    Ok(Streamed { rows, destination: dest.describe(), kvikio, overlap })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_planned_strategies_fit_their_budget_slack_included() {
+        for budget in [32 * MIB, 64 * MIB, 512 * MIB, 4 * GIB] {
+            for threads in [1, 2, 4, 8, 16, 64] {
+                for s in [ring_for(threads, budget), hybrid_for(threads, budget), direct_for(threads, budget)] {
+                    let need = s.pinned_bytes(64 * GIB).unwrap();
+                    assert!(need <= budget, "{s} needs {need} of a {budget}-byte budget");
+                }
+            }
+            assert!(windows_for(budget).pinned_bytes(64 * GIB).unwrap() <= budget);
+        }
+    }
 }

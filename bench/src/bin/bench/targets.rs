@@ -423,6 +423,72 @@ fn overhead(s: &Summary) -> Target {
     }
 }
 
+fn overlap(s: &Summary) -> Target {
+    let name = "overlap";
+    let target = format!(
+        "batches streamed into a caller-owned arena while the caller's stream works on each landed batch \
+         (device-to-device copies, k calibrated to take as long as the streaming): wall <= {:.2}x max(stream alone, \
+         compute alone)",
+        crate::overlap::TARGET_RATIO
+    );
+    if s.file.is_none() {
+        return not_measured(name, target, "no file was streamed");
+    }
+    let Some(o) = s.overlap else { return not_measured(name, target, "overlap did not run (see --only)") };
+    if let Some(e) = &o.error {
+        return not_measured(name, target, format!("overlap failed: {e}"));
+    }
+    if let Some(why) = &o.skipped {
+        return not_measured(name, target, format!("overlap skipped: {why}"));
+    }
+    let (st, c, b) = (o.stream(), o.compute(), o.both());
+    let r = o.ratios();
+    let measured = format!(
+        "{} batches of {}, k = {}, {} rep(s): both {:.1} ms, stream alone {:.1} ms, compute alone {:.1} ms: {:.3} of \
+         the longer (per repetition {:.3}-{:.3}); intact: {}",
+        o.batches,
+        fmt_bytes(o.batch),
+        o.k,
+        o.both_s.len(),
+        b.median * 1e3,
+        st.median * 1e3,
+        c.median * 1e3,
+        o.ratio(),
+        r.min,
+        r.max,
+        o.intact.short()
+    );
+    let pass = o.pass();
+    let reason = (pass == Some(false)).then(|| {
+        let mut why = Vec::new();
+        let lost = (b.median - st.median.max(c.median)) * 1e3;
+        why.push(format!(
+            "overlapping cost {lost:.1} ms over the longer alone, of {:.1} ms that running them one after the other would add",
+            st.median.min(c.median) * 1e3
+        ));
+        let bal = o.balance();
+        if !(0.8..=1.25).contains(&bal) {
+            why.push(format!(
+                "calibration missed: compute alone is {bal:.2}x the streaming alone (k = {}{})",
+                o.k,
+                if o.k >= crate::overlap::MAX_K { ", the cap" } else { "" }
+            ));
+        }
+        if let Some(n) = o.registrations.filter(|&n| n > 0) {
+            why.push(format!(
+                "the streamer ran {} and made {n} registration(s) per pass: cudaHostUnregister waits for every \
+                 copy in flight on the device, the caller's included",
+                o.strategy
+            ));
+        }
+        if o.intact.as_bool() == Some(false) {
+            why.push("the data arrived damaged".into());
+        }
+        why.join("; ")
+    });
+    Target { name, target, pass, measured, reason }
+}
+
 /// Every target, in the order of the bench's list.
 pub fn all(s: &Summary) -> Vec<Target> {
     vec![
@@ -433,6 +499,7 @@ pub fn all(s: &Summary) -> Vec<Target> {
         cold(s),
         kvikio_hot(s),
         registered_once(s),
+        overlap(s),
         overhead(s),
     ]
 }
