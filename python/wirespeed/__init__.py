@@ -35,6 +35,7 @@ __all__ = [
     "read_into",
     "batches",
     "pinned",
+    "pinned_bytes",
     "release",
     "runtime_path",
     "device_count",
@@ -105,6 +106,15 @@ def release() -> None:
     """Waits for transfers in flight, then frees the pinned memory the cached
     streamers keep between calls and closes the cached file mappings."""
     _native.release()
+
+
+def pinned_bytes() -> int:
+    """Host bytes wirespeed holds pinned (page-locked) right now: what its
+    cached streamers pin (their rings, the windows of transfers in flight,
+    the file registrations they keep between calls), the bounce buffers of
+    :func:`read_into` from host arrays, and the :class:`pinned` blocks open.
+    0 after :func:`release` once no ``pinned`` block is open."""
+    return _native.pinned_bytes()
 
 
 atexit.register(_native.drain)
