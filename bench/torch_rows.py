@@ -8,7 +8,13 @@
     for i in a: i.cuda()
     p = a.pin_memory(); for i in p: i.cuda(non_blocking=True)   # pinned once
 
-Prints wall ms, CPU ms (time.process_time: every thread of the process), GB/s
+and, where `import wirespeed` works (the Python package of this project), its
+two ways to the same rows:
+
+    with wirespeed.pinned(a): for i in a: i.cuda(non_blocking=True)   # registered in place once
+    for i in wirespeed.batches(file, (torch.float32, (1, 655360))): ...  # the rows saved to a file
+
+(otherwise it prints why they were skipped). Prints wall ms, CPU ms (time.process_time: every thread of the process), GB/s
 and the fraction of the line rate (a resident pinned tensor copied again and
 again, measured here), the median of --reps runs after one warm-up run, in the
 same table format as `bench --pytorch-rows`. Checks once per variant that the rows
@@ -22,8 +28,10 @@ why and exits 0, so it can sit in any script. Optional: --json PATH.
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 
 COLS = 655360
@@ -102,6 +110,9 @@ def main():
     results.append(r)
     del p
 
+    ws_results, ws_notes, ws_about = wirespeed_rows(torch, a, nbytes, args.reps, line)
+    results += ws_results
+
     print(f"{'variant':<18} {'code':<50} {'wall ms':>9} {'CPU ms':>9} {'GB/s':>7} {'x line':>7} {'intact':>7}")
     for r in results:
         print(f"{r['name']:<18} {r['code']:<50} {r['wall_ms']:>9.1f} {r['cpu_ms']:>9.1f} {r['gbps']:>7.2f} "
@@ -109,6 +120,8 @@ def main():
     for r in results:
         if "note" in r:
             print(f"  {r['name']}: {r['note']}")
+    for n in ws_notes:
+        print(n)
     print("CPU ms is time.process_time(): all threads of the process (PyTorch copies pinned rows with many threads).")
 
     if args.json:
@@ -122,12 +135,83 @@ def main():
             "bytes": nbytes,
             "reps": args.reps,
             "line_rate_gbps": line,
+            "wirespeed": ws_about,
             "results": results,
         }
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0 if all(r["intact"] for r in results) else 1
+
+
+def wirespeed_rows(torch, a, nbytes, reps, line):
+    """The rows through the package `wirespeed`, when it imports: `a` registered
+    in place once (wirespeed.pinned), and the rows saved to a file and read
+    back as one-row batches (wirespeed.batches). Answers (results, lines to
+    print, what to put in the JSON)."""
+    try:
+        import wirespeed
+    except Exception as e:  # ImportError, or a broken install
+        why = f"`import wirespeed` failed ({e.__class__.__name__}: {e})"
+        return [], [f"wirespeed rows: skipped: {why}"], {"skipped": why}
+    results, notes = [], []
+    about = {"runtime": None, "version": getattr(wirespeed, "__version__", None)}
+    try:
+        about["runtime"] = wirespeed.runtime_path()
+    except Exception as e:
+        why = f"wirespeed cannot load the CUDA runtime ({e.__class__.__name__}: {e})"
+        return [], [f"wirespeed rows: skipped: {why}"], {"skipped": why}
+    notes.append(f"wirespeed rows: the package from {os.path.dirname(wirespeed.__file__)}, CUDA runtime {about['runtime']}")
+
+    def cuda_rows():
+        for i in a:
+            i.cuda(non_blocking=True)
+
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with wirespeed.pinned(a):
+            reg_ms = (time.perf_counter() - t0) * 1e3
+            r = measure(torch, "wirespeed-pinned", "wirespeed.pinned(a); i.cuda(non_blocking=True)", cuda_rows,
+                        lambda: [i.cuda(non_blocking=True) for i in a], a, nbytes, reps, line)
+        r["note"] = (f"wirespeed.pinned(a) registered the tensor in place in {reg_ms:.1f} ms (not in wall); "
+                     "no copy of it is made")
+        results.append(r)
+    except Exception as e:
+        notes.append(f"wirespeed-pinned: failed ({e.__class__.__name__}: {e})")
+
+    fd, path = tempfile.mkstemp(prefix="wirespeed-rows-", suffix=".bin")
+    try:
+        t0 = time.perf_counter()
+        with os.fdopen(fd, "wb") as f:
+            a.numpy().tofile(f)
+            f.flush()
+            os.fsync(f.fileno())  # page-cached and clean, as the bench's own file
+        write_ms = (time.perf_counter() - t0) * 1e3
+        one_row = (torch.float32, (1, a.shape[1]))
+        spans = []
+
+        def batch_rows():
+            it = wirespeed.batches(path, one_row)
+            for i in it:
+                pass
+            spans[:] = it.reports
+
+        r = measure(torch, "wirespeed-batches", f"wirespeed.batches(file, (float32, (1, {a.shape[1]})))", batch_rows,
+                    lambda: [b[0] for b in wirespeed.batches(path, one_row)], a, nbytes, reps, line)
+        what = "; ".join(sorted({s.strategy for s in spans}))
+        r["note"] = (f"the rows saved to a file first ({write_ms:.0f} ms with fsync, not in wall), then one-row batches "
+                     f"from the page cache in {len(spans)} transfers ({what}), default budget and span")
+        results.append(r)
+    except Exception as e:
+        notes.append(f"wirespeed-batches: failed ({e.__class__.__name__}: {e})")
+    finally:
+        os.unlink(path)
+        try:
+            wirespeed.release()
+        except Exception:
+            pass
+    return results, notes, about
 
 
 def line_rate(torch, dev, reps):

@@ -16,9 +16,13 @@
 //! * `read_host`: host memory (any buffer) into device memory, through a
 //!   pinned bounce buffer;
 //! * [`Registration`]: a host buffer registered in place (`cudaHostRegister`);
-//! * [`DeviceArray`]: device memory owned by the library, exposing
-//!   `__cuda_array_interface__` (for callers without torch, and the tests);
-//! * [`PyReport`]: a transfer's report, settled when first read.
+//! * [`DeviceArray`]: device memory owned by the library, or a view of part
+//!   of it, exposing `__cuda_array_interface__` (for callers without torch,
+//!   `batches`' spans, and the tests);
+//! * [`PyReport`]: a transfer's report, settled when first read;
+//! * `pinned_bytes`: what the package holds pinned now;
+//! * `_emulator_*`: the emulated runtime's counters, delay and injected
+//!   faults, for the tests (builds with the feature `emulator`).
 //!
 //! Every wait releases the GIL and waits in slices of [`SLICE`], checking for
 //! signals between them, so Ctrl-C interrupts it with `KeyboardInterrupt`.
@@ -207,6 +211,17 @@ fn release(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Host bytes the package holds pinned now: what the cached streamers pin
+/// (drawn from their budgets: the ring, registered windows and kept file
+/// registrations, those of transfers in flight included), `read_host`'s
+/// bounce buffers, and the live `_Registration`s (rounded out to pages).
+#[pyfunction]
+fn pinned_bytes() -> u64 {
+    let streamers: u64 = lock(&STREAMERS).as_ref().map_or(0, |m| m.values().map(|s| s.config().budget.used()).sum());
+    let bounces: u64 = lock(&BOUNCES).values().map(|b| b.slots.iter().map(|s| s.len() as u64).sum::<u64>()).sum();
+    streamers + bounces + REGISTERED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 // ------------------------------------------------------------------ transfers in flight
 
 /// A transfer started by `read_file`, with what it needs kept alive.
@@ -217,8 +232,11 @@ struct Inflight {
     /// The Python object owning the destination, released once the transfer
     /// has ended.
     keep: Option<Py<PyAny>>,
-    /// Dropped after `transfer` (fields drop in order), which borrows it.
-    _streamer: Arc<Streamer>,
+    /// The streamer `transfer` borrows: dropped after it (fields drop in
+    /// order), and as soon as its result is taken, so that a `Report` the
+    /// caller keeps does not keep the streamer (its pinned ring and
+    /// registrations) alive after `release()`.
+    streamer: Option<Arc<Streamer>>,
 }
 
 impl Inflight {
@@ -231,6 +249,8 @@ impl Inflight {
             if let Some(t) = self.transfer.take() {
                 self.result = Some(t.wait().map_err(|e| e.to_string()));
             }
+            // The transfer, which borrowed it, is gone.
+            self.streamer = None;
         }
         true
     }
@@ -313,6 +333,10 @@ struct Summary {
     bytes: u64,
     seconds: f64,
     cpu_seconds: f64,
+    /// `cudaHostRegister` calls the transfer made.
+    registrations: u64,
+    /// The most bytes pinned at once meanwhile.
+    peak_pinned: u64,
     text: String,
 }
 
@@ -333,6 +357,8 @@ impl From<&Report> for Summary {
             bytes: r.bytes,
             seconds: r.seconds,
             cpu_seconds: r.cpu_seconds,
+            registrations: r.registrations,
+            peak_pinned: r.peak_pinned,
             text: r.to_string(),
         }
     }
@@ -425,6 +451,18 @@ impl PyReport {
     fn strategy(&self, py: Python<'_>) -> PyResult<String> {
         Ok(self.settled(py)?.strategy)
     }
+    /// `cudaHostRegister` calls the transfer made: 0 when it ran from what
+    /// the streamer kept (waits for it).
+    #[getter]
+    fn registrations(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.settled(py)?.registrations)
+    }
+    /// The most bytes the streamer had pinned at once during the transfer,
+    /// its kept ring and registrations included (waits for it).
+    #[getter]
+    fn peak_pinned(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.settled(py)?.peak_pinned)
+    }
     fn __str__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(self.settled(py)?.text)
     }
@@ -507,7 +545,7 @@ fn read_file(
     // memory whose lifetime is ours to choose (see above).
     let transfer: Transfer<'static> = unsafe { std::mem::transmute::<Transfer<'_>, Transfer<'static>>(transfer) };
     let shared: Shared =
-        Arc::new(Mutex::new(Inflight { transfer: Some(transfer), result: None, keep: Some(keep), _streamer: s }));
+        Arc::new(Mutex::new(Inflight { transfer: Some(transfer), result: None, keep: Some(keep), streamer: Some(s) }));
     lock(&INFLIGHT).push(shared.clone());
     let report = PyReport { bytes: length, device: Some(dev), inner: ReportState::Pending(shared) };
     if order {
@@ -603,7 +641,15 @@ fn read_host(
         if seconds > 0.0 { nbytes as f64 / seconds / 1e9 } else { 0.0 },
         if nbytes > 0 { cpu / (nbytes as f64 / 1e9) } else { 0.0 }
     );
-    let report = Summary { strategy, bytes: nbytes as u64, seconds, cpu_seconds: cpu, text };
+    let report = Summary {
+        strategy,
+        bytes: nbytes as u64,
+        seconds,
+        cpu_seconds: cpu,
+        registrations: 0,
+        peak_pinned: 2 * CHUNK as u64,
+        text,
+    };
     Ok(PyReport { bytes: nbytes as u64, device: Some(dev), inner: ReportState::Done(report) })
 }
 
@@ -644,7 +690,23 @@ unsafe impl HostMemory for PyMem {
 struct Registration {
     reg: Option<HostRegistration<PyMem>>,
     nbytes: usize,
+    /// The pages registered (`nbytes` rounded out to pages), counted in
+    /// [`REGISTERED`] while `reg` is there.
+    pages: u64,
     read_only: bool,
+}
+
+/// Bytes of the live [`Registration`]s, rounded out to pages.
+static REGISTERED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Drop for Registration {
+    /// A registration dropped without `close()` (its object collected) is
+    /// unregistered by `reg`'s own drop, after its fence.
+    fn drop(&mut self) {
+        if self.reg.is_some() {
+            REGISTERED.fetch_sub(self.pages, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 #[pymethods]
@@ -668,7 +730,14 @@ impl Registration {
         let flags = RegisterFlags { portable: true, mapped: false, read_only };
         let reg = py.detach(|| HostRegistration::try_new(mem, flags));
         match reg {
-            Ok(reg) => Ok(Registration { reg: Some(reg), nbytes: len, read_only }),
+            Ok(reg) => {
+                // SAFETY: sysconf has no preconditions.
+                let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+                let (start, end) = (ptr as u64, ptr as u64 + len as u64);
+                let pages = end.div_ceil(page) * page - start / page * page;
+                REGISTERED.fetch_add(pages, std::sync::atomic::Ordering::Relaxed);
+                Ok(Registration { reg: Some(reg), nbytes: len, pages, read_only })
+            }
             Err((e, mem)) => {
                 drop(mem.buf);
                 Err(err(e))
@@ -698,6 +767,7 @@ impl Registration {
     /// the memory are not tracked), then unregisters and releases the buffer.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         let Some(reg) = self.reg.take() else { return Ok(()) };
+        REGISTERED.fetch_sub(self.pages, std::sync::atomic::Ordering::Relaxed);
         let mem = py.detach(|| -> wirespeed_cuda::Result<PyMem> {
             for d in Device::all()? {
                 d.synchronize()?;
@@ -712,14 +782,27 @@ impl Registration {
 
 // ------------------------------------------------------------------ device memory of the library
 
-/// Device memory allocated by the library, exposing
-/// `__cuda_array_interface__` (version 3, no stream: work on it is ordered
-/// through the legacy default stream).
+/// Device memory allocated by the library, or a part of it (`_view`),
+/// exposing `__cuda_array_interface__` (version 3, no stream: work on it is
+/// ordered through the legacy default stream). Views share the allocation,
+/// which is freed when the last of them goes.
 #[pyclass(name = "_DeviceArray", module = "wirespeed", frozen)]
 struct DeviceArray {
-    buf: DeviceBuffer<u8>,
+    buf: Arc<DeviceBuffer<u8>>,
+    /// Where this array starts in `buf`.
+    offset: usize,
     typestr: String,
     shape: Vec<usize>,
+}
+
+/// The bytes of `typestr` x `shape`, checked against `nbytes`.
+fn described_bytes(typestr: &str, shape: &[usize], nbytes: usize) -> PyResult<()> {
+    let itemsize: usize = typestr.get(2..).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let n = shape.iter().try_fold(itemsize, |acc, &d| acc.checked_mul(d));
+    if itemsize == 0 || n != Some(nbytes) {
+        return Err(PyValueError::new_err(format!("{typestr:?} x {shape:?} is not {nbytes} bytes")));
+    }
+    Ok(())
 }
 
 #[pymethods]
@@ -730,13 +813,25 @@ impl DeviceArray {
     #[pyo3(signature = (nbytes, device = 0, typestr = "|u1".to_string(), shape = None))]
     fn new(py: Python<'_>, nbytes: usize, device: usize, typestr: String, shape: Option<Vec<usize>>) -> PyResult<Self> {
         let shape = shape.unwrap_or_else(|| vec![nbytes]);
-        let itemsize: usize = typestr.get(2..).and_then(|s| s.parse().ok()).unwrap_or(0);
-        if itemsize == 0 || shape.iter().product::<usize>() * itemsize != nbytes {
-            return Err(PyValueError::new_err(format!("{typestr:?} x {shape:?} is not {nbytes} bytes")));
-        }
+        described_bytes(&typestr, &shape, nbytes)?;
         let dev = Device::get(device).map_err(err)?;
         let buf = py.detach(|| DeviceBuffer::<u8>::new(&dev, nbytes.max(1))).map_err(err)?;
-        Ok(DeviceArray { buf, typestr, shape })
+        Ok(DeviceArray { buf: Arc::new(buf), offset: 0, typestr, shape })
+    }
+
+    /// `nbytes` bytes of this array from byte `offset`, described as
+    /// `typestr` x `shape` (default: bytes), sharing its memory.
+    #[pyo3(signature = (offset, nbytes, typestr = "|u1".to_string(), shape = None))]
+    fn _view(&self, offset: usize, nbytes: usize, typestr: String, shape: Option<Vec<usize>>) -> PyResult<Self> {
+        let shape = shape.unwrap_or_else(|| vec![nbytes]);
+        described_bytes(&typestr, &shape, nbytes)?;
+        if offset.checked_add(nbytes).is_none_or(|end| end > self.nbytes()) {
+            return Err(PyValueError::new_err(format!(
+                "bytes {offset}..{offset}+{nbytes} are outside the array's {}",
+                self.nbytes()
+            )));
+        }
+        Ok(DeviceArray { buf: self.buf.clone(), offset: self.offset + offset, typestr, shape })
     }
 
     /// Size in bytes.
@@ -754,7 +849,7 @@ impl DeviceArray {
     /// The device address.
     #[getter]
     fn ptr(&self) -> usize {
-        self.buf.as_raw_ptr() as usize
+        self.buf.as_raw_ptr() as usize + self.offset
     }
 
     /// The CUDA array interface.
@@ -771,19 +866,128 @@ impl DeviceArray {
 
     /// The bytes, read back after all work on the device has ended.
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let n = self.nbytes();
+        let (off, n) = (self.offset, self.nbytes());
         let v = py
             .detach(|| -> wirespeed_cuda::Result<Vec<u8>> {
-                self.buf.device().synchronize()?;
-                self.buf.to_vec()
+                let dev = self.buf.device();
+                dev.synchronize()?;
+                if off == 0 && n == self.buf.len() {
+                    return self.buf.to_vec();
+                }
+                if n == 0 {
+                    return Ok(Vec::new());
+                }
+                // A part: through a pinned buffer of its size, not the whole allocation.
+                let stream = Stream::new(&dev)?;
+                let mut host = PinnedBuffer::<u8>::new(n)?;
+                stream.copy_to_host(&self.buf.slice(off..off + n)?, &mut host)?.wait()?;
+                Ok(host.as_slice()?.to_vec())
             })
             .map_err(err)?;
-        Ok(PyBytes::new(py, &v[..n]))
+        Ok(PyBytes::new(py, &v))
     }
 
     fn __len__(&self) -> usize {
         self.shape.first().copied().unwrap_or(1)
     }
+}
+
+// ------------------------------------------------------------------ the emulator's controls (tests)
+
+/// The error of an emulator control in a build without the emulator.
+#[cfg(not(feature = "emulator"))]
+fn no_emulator() -> PyErr {
+    err("this build of wirespeed has no emulator (build it with the cargo feature `emulator`)")
+}
+
+/// The emulated runtime's counters (live allocations, registrations,
+/// streams, events, contexts; totals of operations and bytes copied), and
+/// `calls`: the calls so far of each function named in `functions`.
+#[pyfunction]
+#[pyo3(signature = (functions = Vec::new()))]
+fn _emulator_counters<'py>(py: Python<'py>, functions: Vec<String>) -> PyResult<Bound<'py, PyDict>> {
+    #[cfg(feature = "emulator")]
+    {
+        let ctl = wirespeed_cuda_sys::emulator::controls().map_err(err)?;
+        let c = ctl.counters();
+        let d = PyDict::new(py);
+        d.set_item("device_allocs", c.device_allocs)?;
+        d.set_item("device_bytes", c.device_bytes)?;
+        d.set_item("pinned_allocs", c.pinned_allocs)?;
+        d.set_item("pinned_bytes", c.pinned_bytes)?;
+        d.set_item("registrations", c.registrations)?;
+        d.set_item("registered_bytes", c.registered_bytes)?;
+        d.set_item("streams", c.streams)?;
+        d.set_item("events", c.events)?;
+        d.set_item("ops_executed", c.ops_executed)?;
+        d.set_item("bytes_copied", c.bytes_copied)?;
+        d.set_item("contexts", c.contexts)?;
+        d.set_item("unregister_violations", c.unregister_violations)?;
+        let calls = PyDict::new(py);
+        for f in functions {
+            let n = ctl.call_count(&f).ok_or_else(|| PyValueError::new_err(format!("unknown function {f:?}")))?;
+            calls.set_item(f, n)?;
+        }
+        d.set_item("calls", calls)?;
+        Ok(d)
+    }
+    #[cfg(not(feature = "emulator"))]
+    {
+        let _ = (py, functions);
+        Err(no_emulator())
+    }
+}
+
+/// Makes every stream operation enqueued from now on wait `us` microseconds
+/// before it runs (emulator only): slow copies, for tests of ordering and
+/// of interrupts.
+#[pyfunction]
+fn _emulator_set_delay_us(us: u32) -> PyResult<()> {
+    #[cfg(feature = "emulator")]
+    {
+        wirespeed_cuda_sys::emulator::controls().map_err(err)?.set_delay_us(us);
+        Ok(())
+    }
+    #[cfg(not(feature = "emulator"))]
+    {
+        let _ = us;
+        Err(no_emulator())
+    }
+}
+
+/// Makes the `nth` call from now (1-based) of the runtime function
+/// `function` fail with the CUDA error `error` (not 0); `sticky`: every
+/// later call too, until `_emulator_reset()` (emulator only).
+#[pyfunction]
+#[pyo3(signature = (function, nth, error, sticky = false))]
+fn _emulator_inject_fault(function: &str, nth: u32, error: u32, sticky: bool) -> PyResult<()> {
+    #[cfg(feature = "emulator")]
+    {
+        if wirespeed_cuda_sys::emulator::controls().map_err(err)?.inject_fault(function, nth, error, sticky) {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err(format!("cannot inject error {error} into {function:?}")))
+        }
+    }
+    #[cfg(not(feature = "emulator"))]
+    {
+        let _ = (function, nth, error, sticky);
+        Err(no_emulator())
+    }
+}
+
+/// Clears pending injected faults and sticky errors, and the delay (emulator only).
+#[pyfunction]
+fn _emulator_reset() -> PyResult<()> {
+    #[cfg(feature = "emulator")]
+    {
+        let ctl = wirespeed_cuda_sys::emulator::controls().map_err(err)?;
+        ctl.reset();
+        ctl.set_delay_us(0);
+        Ok(())
+    }
+    #[cfg(not(feature = "emulator"))]
+    Err(no_emulator())
 }
 
 /// The native module.
@@ -802,5 +1006,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release, m)?)?;
     m.add_function(wrap_pyfunction!(drain, m)?)?;
     m.add_function(wrap_pyfunction!(_reap, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(_emulator_counters, m)?)?;
+    m.add_function(wrap_pyfunction!(_emulator_set_delay_us, m)?)?;
+    m.add_function(wrap_pyfunction!(_emulator_inject_fault, m)?)?;
+    m.add_function(wrap_pyfunction!(_emulator_reset, m)?)?;
     Ok(())
 }

@@ -6,8 +6,9 @@ both), never through a fresh ``pin_memory()`` copy per batch.
 
 * :func:`read_into` - a file range (or an ``np.memmap``, or a host array) into
   a CUDA tensor you own, ordered on your current stream.
-* :func:`batches` - an iterator of CUDA tensors over a file, the next
-  ``depth`` batches streaming while you compute.
+* :func:`batches` - an iterator of CUDA tensors over a file, streamed in
+  long transfers of many batches (spans), the next ones streaming while you
+  compute.
 * :func:`pinned` - ``with wirespeed.pinned(array):`` registers host memory in
   place, so ``t[i].cuda(non_blocking=True)`` copies from it with no staging.
 
@@ -21,10 +22,11 @@ import atexit
 import collections
 import importlib.util
 import math
+import mmap
 import os
 import site
 import sys
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 from . import _native
 from ._native import Error, Report, _DeviceArray, _Registration
@@ -34,7 +36,9 @@ __all__ = [
     "Report",
     "read_into",
     "batches",
+    "Batches",
     "pinned",
+    "pinned_bytes",
     "release",
     "runtime_path",
     "device_count",
@@ -105,6 +109,15 @@ def release() -> None:
     """Waits for transfers in flight, then frees the pinned memory the cached
     streamers keep between calls and closes the cached file mappings."""
     _native.release()
+
+
+def pinned_bytes() -> int:
+    """Host bytes wirespeed holds pinned (page-locked) right now: what its
+    cached streamers pin (their rings, the windows of transfers in flight,
+    the file registrations they keep between calls), the bounce buffers of
+    :func:`read_into` from host arrays, and the :class:`pinned` blocks open.
+    0 after :func:`release` once no ``pinned`` block is open."""
+    return _native.pinned_bytes()
 
 
 atexit.register(_native.drain)
@@ -280,6 +293,10 @@ def read_into(
 
 # ----------------------------------------------------------------- batches
 
+DEFAULT_SPAN = 1 << 30
+"""The bytes :func:`batches` streams with one transfer, by default (rounded to
+whole batches)."""
+
 
 def _dtype_info(dtype: Any) -> Tuple[Any, int, str]:
     """(torch dtype or None, item size, typestr) of ``dtype``."""
@@ -304,6 +321,208 @@ def _dtype_info(dtype: Any) -> Tuple[Any, int, str]:
     raise TypeError(f"cannot tell the size of dtype {dtype!r} without numpy or torch")
 
 
+def _plan_spans(total: int, batch_bytes: int, span: int) -> List[Tuple[int, int, int]]:
+    """The range's batches grouped into spans of whole batches, each near
+    ``span`` bytes (0.75 to 1.5 times it once there are several; one span when
+    the range holds less than 1.5 spans): ``(offset in the range, bytes,
+    batches)`` each. Spans that get one batch more than the others come
+    last, with the partial batch, so that no span is much smaller."""
+    n_batches = -(-total // batch_bytes)
+    if n_batches == 0:
+        return []
+    per = max(1, -(-span // batch_bytes))
+    n_spans = max(1, min(n_batches, int(n_batches / per + 0.5)))
+    q, r = divmod(n_batches, n_spans)
+    out, first = [], 0
+    for i in range(n_spans):
+        k = q + (1 if i >= n_spans - r else 0)
+        off = first * batch_bytes
+        end = min(total, (first + k) * batch_bytes)
+        out.append((off, end - off, k))
+        first += k
+    return out
+
+
+class Batches:
+    """The iterator :func:`batches` returns: yields the batches, and keeps
+    the next spans streaming. ``close()`` (or leaving a ``with`` block, or
+    dropping it) stops it: transfers already started run to their end in the
+    background, their memory kept until then (:func:`release` waits for them
+    and frees what the streamers pinned)."""
+
+    def __init__(
+        self,
+        src: Any,
+        batch: Union[int, Tuple[Any, Tuple[int, ...]]],
+        *,
+        device: int,
+        depth: int,
+        budget: int,
+        offset: int,
+        length: Optional[int],
+        strategy: str,
+        span: Optional[int],
+    ) -> None:
+        self._closed = True  # until set up (__del__ of a half-made one)
+        _ensure_runtime()
+        if depth < 0:
+            raise ValueError("depth must be >= 0")
+        if span is not None and span <= 0:
+            raise ValueError("span must be > 0")
+        path, start, total = _file_range(src, offset, length)
+        if isinstance(batch, int):
+            tdtype, typestr, row_shape, rows, row_bytes = None, "|u1", (), batch, 1
+        else:
+            dtype, shape = batch
+            shape = tuple(int(n) for n in shape)
+            if not shape:
+                raise ValueError("the batch shape is empty")
+            tdtype, itemsize, typestr = _dtype_info(dtype)
+            row_shape, rows = shape[1:], shape[0]
+            row_bytes = itemsize * math.prod(row_shape)
+            if row_bytes <= 0 or total % row_bytes:
+                raise ValueError(f"the range's {total} bytes are not a whole number of {row_bytes}-byte rows")
+        batch_bytes = rows * row_bytes
+        if batch_bytes <= 0:
+            raise ValueError("a batch must hold at least one byte")
+        torch = _torch()
+        if torch is not None and tdtype is None:
+            if typestr != "|u1":
+                raise TypeError(f"no torch dtype for {typestr!r}")
+            tdtype = torch.uint8
+        self._torch = torch
+        self._path, self._start, self._total = path, start, total
+        self._device, self._strategy = device, strategy
+        self._tdtype, self._typestr, self._row_shape, self._row_bytes = tdtype, typestr, row_shape, row_bytes
+        self._batch_bytes = batch_bytes
+        self._spans = _plan_spans(total, batch_bytes, DEFAULT_SPAN if span is None else span)
+        # With `auto`, a range larger than the budget is streamed as it would
+        # be in one piece (the hybrid of registered windows and the pinned
+        # ring, or O_DIRECT reads when cold) only if no span fits the budget:
+        # one that fits would be registered whole before its first copy, and
+        # given back for the next. So the pins are kept below the smallest span.
+        self._budget = budget
+        page = mmap.PAGESIZE
+        if strategy == "auto" and self._spans and -(-total // page) * page + page > budget:
+            self._budget = max(1, min(budget, min(n for _, n, _ in self._spans) - 1))
+        fewest = min((k for _, _, k in self._spans), default=1)
+        self._ahead = 0 if depth == 0 else -(-depth // fewest)
+        self._pending: collections.deque = collections.deque()
+        self._reports: List[Report] = []
+        self._submitted = 0
+        self._index = -1  # the span whose batches are being yielded
+        self._slab: Any = None
+        self._k = 0
+        self._closed = not self._spans
+
+    # ------------------------------------------------------------- public
+
+    @property
+    def reports(self) -> List[Report]:
+        """The :class:`Report` of each span started so far (one transfer each)."""
+        return list(self._reports)
+
+    @property
+    def spans(self) -> List[Tuple[int, int]]:
+        """(file offset, bytes) of each span: the parts of the range streamed
+        by one transfer each, whole batches."""
+        return [(self._start + off, n) for off, n, _ in self._spans]
+
+    def close(self) -> None:
+        """Stops: yields nothing more, and lets go of the spans not yielded
+        (those still streaming are kept, by the package, until they end)."""
+        self._closed = True
+        self._slab = None
+        self._pending.clear()
+        try:
+            _native._reap()
+        except Exception:  # the interpreter is shutting down
+            pass
+
+    def __iter__(self) -> "Batches":
+        return self
+
+    def __enter__(self) -> "Batches":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        try:
+            if self._slab is None or self._k >= self._spans[self._index][2]:
+                self._next_span()
+            out = self._batch(self._k)
+        except StopIteration:
+            raise
+        except BaseException:
+            self.close()  # an error, or KeyboardInterrupt: nothing more
+            raise
+        self._k += 1
+        return out
+
+    # ------------------------------------------------------------- inside
+
+    def _next_span(self) -> None:
+        """Starts the spans up to ``ahead`` beyond the next one, then waits
+        (interruptibly) for the next one to land, raising its error."""
+        i = self._index + 1
+        self._slab = None
+        if i >= len(self._spans):
+            self.close()
+            raise StopIteration
+        last = min(len(self._spans) - 1, i + self._ahead)
+        while self._submitted <= last:
+            self._submit(self._submitted)
+        # The span has landed once this returns: none of its batches is
+        # handed back while it is written. (Its memory is not held here
+        # meanwhile: after an interrupt, only the package keeps it, until
+        # the transfer has ended.)
+        self._pending[0][2].wait()
+        j, slab, _ = self._pending.popleft()
+        self._index, self._slab, self._k = j, slab, 0
+
+    def _submit(self, i: int) -> None:
+        """Starts span ``i``'s transfer into fresh device memory."""
+        off, n, _ = self._spans[i]
+        torch = self._torch
+        if torch is not None:
+            dev = torch.device("cuda", self._device)
+            slab = torch.empty(n, dtype=torch.uint8, device=dev)
+            ptr, stream = slab.data_ptr(), int(torch.cuda.current_stream(dev).cuda_stream)
+        else:
+            slab = _DeviceArray(n, self._device)
+            ptr, stream = slab.ptr, None
+        # Ordered after the work on the current stream so far (which may have
+        # used this memory before the caching allocator handed it out again).
+        report = _native.read_file(
+            self._path, self._start + off, n, ptr, n, self._device, stream,
+            self._budget, self._strategy, slab, False, False,
+        )
+        self._pending.append((i, slab, report))
+        self._reports.append(report)
+        self._submitted += 1
+
+    def _batch(self, k: int) -> Any:
+        """Batch ``k`` of the current span: a view of its memory."""
+        n_span = self._spans[self._index][1]
+        a = k * self._batch_bytes
+        n = min(self._batch_bytes, n_span - a)
+        rows = n // self._row_bytes
+        if self._torch is not None:
+            t = self._slab[a : a + n]
+            if self._tdtype != self._torch.uint8:
+                t = t.view(self._tdtype)
+            return t.view((rows,) + self._row_shape)
+        return self._slab._view(a, n, self._typestr, [rows] + list(self._row_shape))
+
+
 def batches(
     src: Union[str, "os.PathLike[str]", Any],
     batch: Union[int, Tuple[Any, Tuple[int, ...]]],
@@ -314,80 +533,44 @@ def batches(
     offset: int = 0,
     length: Optional[int] = None,
     strategy: str = "auto",
-) -> Iterator[Any]:
+    span: Optional[int] = None,
+) -> Batches:
     """Yields the file range of ``src`` (a path or ``np.memmap``) as CUDA
     tensors of ``batch`` bytes (``uint8``), or of ``(dtype, shape)`` (the last
-    batch keeps ``shape[1:]`` and has fewer rows), while the next ``depth``
-    batches already stream.
+    batch keeps ``shape[1:]`` and has fewer rows), while the next batches
+    already stream.
 
-    Each batch is a fresh tensor (``torch.empty`` on ``cuda:device`` when
-    torch is imported, else a ``wirespeed._DeviceArray`` with
-    ``__cuda_array_interface__``) that the caller owns. Before a batch is
-    yielded, the current stream (torch's, or the legacy default stream) is
-    made to wait for its copies: work enqueued on it afterwards sees the
-    data, without a host wait. The last batch may be shorter.
+    The range is streamed in *spans* of whole batches, about ``span`` bytes
+    each (default :data:`DEFAULT_SPAN`, 1 GiB), one transfer per span into
+    fresh device memory (``torch.empty`` on ``cuda:device`` when torch is
+    imported, else a ``wirespeed._DeviceArray``): one long transfer is planned
+    as :func:`read_into` plans it (with ``auto``, pinning less than a span, so
+    that a span is never registered whole before it is copied). Each batch is
+    a view of its span's memory, which the caller owns: nothing writes it
+    again, and it stays allocated while any batch of the span is alive
+    (``.clone()`` a batch to keep it alone).
+
+    ``depth`` is how many batches beyond the one yielded are streaming at
+    least: the spans that hold them are started (at least the next span, when
+    ``depth`` > 0) before the iterator waits for a span. Device memory in use:
+    about ``2 + ceil(depth / batches per span)`` spans. ``depth=0`` streams
+    one span at a time.
+
+    Before the first batch of a span is yielded, the iterator waits (on the
+    host, interruptibly, the next spans streaming meanwhile) until the span
+    has landed: no batch is handed back while it is written, and a failed
+    transfer raises :class:`Error` here, ending the iteration. Work you
+    enqueue on any stream afterwards sees the data. Breaking out of the loop
+    lets go of the spans not yielded; those still streaming end in the
+    background (:func:`release` waits for them and frees the pinned memory).
+
+    Returns a :class:`Batches` iterator (also a context manager), whose
+    ``reports`` hold each span's :class:`Report`.
     """
-    _ensure_runtime()
-    if depth < 0:
-        raise ValueError("depth must be >= 0")
-    path, start, total = _file_range(src, offset, length)
-    if isinstance(batch, int):
-        tdtype, itemsize, typestr, row_shape, rows = None, 1, "|u1", (), batch
-        row_bytes = 1
-    else:
-        dtype, shape = batch
-        shape = tuple(int(n) for n in shape)
-        if not shape:
-            raise ValueError("the batch shape is empty")
-        tdtype, itemsize, typestr = _dtype_info(dtype)
-        row_shape, rows = shape[1:], shape[0]
-        row_bytes = itemsize * math.prod(row_shape)
-        if total % row_bytes:
-            raise ValueError(f"the range's {total} bytes are not a whole number of {row_bytes}-byte rows")
-    batch_bytes = rows * row_bytes
-    if batch_bytes <= 0:
-        raise ValueError("a batch must hold at least one byte")
-    torch = _torch()
-
-    def alloc(nbytes: int) -> Tuple[Any, Optional[int]]:
-        n_rows = nbytes // row_bytes
-        if torch is not None:
-            dev = torch.device("cuda", device)
-            if tdtype is None and typestr == "|u1":
-                t = torch.empty((n_rows,) + row_shape, dtype=torch.uint8, device=dev)
-            elif tdtype is not None:
-                t = torch.empty((n_rows,) + row_shape, dtype=tdtype, device=dev)
-            else:
-                raise TypeError(f"no torch dtype for {typestr!r}")
-            return t, int(torch.cuda.current_stream(dev).cuda_stream)
-        return _DeviceArray(nbytes, device, typestr, [n_rows] + list(row_shape)), None
-
-    pending: collections.deque = collections.deque()
-    next_off = 0
-
-    def start_next() -> None:
-        nonlocal next_off
-        n = min(batch_bytes, total - next_off)
-        out, stream = alloc(n)
-        ptr, nbytes, _, _ = _destination(out)
-        report = _native.read_file(
-            path, start + next_off, n, ptr, nbytes, device, stream, budget, strategy, out, False, False
-        )
-        pending.append((out, stream, report))
-        next_off += n
-
-    try:
-        while next_off < total or pending:
-            while next_off < total and len(pending) < depth + 1:
-                start_next()
-            out, stream, report = pending.popleft()
-            report._then_on(stream)
-            yield out
-    finally:
-        # Let go of the batches whose copies have ended; those still in
-        # flight (an abandoned iterator's) are kept until they end.
-        pending.clear()
-        _native._reap()
+    return Batches(
+        src, batch, device=device, depth=depth, budget=budget, offset=offset,
+        length=length, strategy=strategy, span=span,
+    )
 
 
 # ----------------------------------------------------------------- pinned

@@ -1,0 +1,193 @@
+"""wirespeed.batches on the emulated runtime: spans, ordering, the last
+partial batch, errors mid-iteration, leaving early, and what stays pinned."""
+
+import ctypes
+import gc
+
+import pytest
+
+import wirespeed
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def pattern(n, seed=0):
+    """Bytes of period 251 (a prime: a piece in the wrong place shows)."""
+    block = bytes((i * 31 + seed) & 0xFF for i in range(251))
+    return (block * (n // 251 + 1))[:n]
+
+
+@pytest.fixture
+def emulator():
+    """The emulator's controls, reset (faults, delay) and the package's
+    caches released after the test."""
+    yield wirespeed._native
+    wirespeed._native._emulator_reset()
+    wirespeed.release()
+
+
+def counters():
+    return wirespeed._native._emulator_counters()
+
+
+def raw(arr):
+    """The bytes of a device array read straight from its memory, with no
+    synchronization at all (the emulator's device memory is host memory):
+    what a consumer would see if the iterator had not waited for them."""
+    return ctypes.string_at(arr.ptr, arr.nbytes)
+
+
+@pytest.fixture
+def big_file(tmp_path):
+    data = pattern(16 * MIB + 12345, seed=1)
+    p = tmp_path / "big.bin"
+    p.write_bytes(data)
+    return p, data
+
+
+def test_spans_are_few_transfers_of_whole_batches(big_file, emulator):
+    path, data = big_file
+    it = wirespeed.batches(path, MIB, span=4 * MIB, budget=2 * MIB, depth=2)
+    spans = it.spans
+    assert [n for _, n in spans][:-1] == [4 * MIB] * (len(spans) - 1)
+    assert sum(n for _, n in spans) == len(data)
+    assert spans[-1][1] == 4 * MIB + 12345  # the partial batch is in the last span
+    got = [b.to_bytes() for b in it]
+    assert len(got) == 17
+    assert b"".join(got) == data
+    # One transfer per span, not one per batch; with the range larger than
+    # the budget, no span was registered whole before its copies.
+    assert len(it.reports) == len(spans) == 4
+    for r in it.reports:
+        assert r.bytes in (4 * MIB, 4 * MIB + 12345)
+        assert r.strategy != "whole-file"
+        assert r.peak_pinned <= 2 * MIB
+    assert next(it, None) is None  # ended, and stays so
+
+
+def test_span_planning():
+    plan = wirespeed._plan_spans
+    assert plan(0, 10, 100) == []
+    assert plan(95, 10, 100) == [(0, 95, 10)]  # less than 1.5 spans: one
+    assert plan(1000, 10, 100) == [(i * 100, 100, 10) for i in range(10)]
+    # 23 batches of spans of 10: 2 spans, the one with the extra batch last
+    assert plan(225, 10, 100) == [(0, 110, 11), (110, 115, 12)]
+    assert plan(5, 10, 1) == [(0, 5, 1)]
+    assert plan(30, 10, 1) == [(0, 10, 1), (10, 10, 1), (20, 10, 1)]
+
+
+def test_last_partial_batch_of_typed_rows(tmp_path, emulator):
+    row = 5 * 4  # 5 float32 values
+    data = pattern(row * 1001, seed=2)
+    p = tmp_path / "rows.bin"
+    p.write_bytes(data)
+    shapes, seen = [], 0
+    for b in wirespeed.batches(p, ("<f4", (100, 5)), span=300 * row, depth=1):
+        cai = b.__cuda_array_interface__
+        assert cai["typestr"] == "<f4"
+        shapes.append(cai["shape"])
+        assert b.to_bytes() == data[seen * row : (seen + cai["shape"][0]) * row]
+        seen += cai["shape"][0]
+    assert seen == 1001
+    assert shapes == [(100, 5)] * 10 + [(1, 5)]
+
+
+def test_no_batch_is_yielded_while_written(big_file, emulator):
+    """Every stream operation is slowed down; each batch's memory, read with
+    no synchronization the moment it is yielded, already holds the file's
+    bytes, while the spans after it are still streaming."""
+    path, data = big_file
+    emulator._emulator_set_delay_us(20_000)
+    it = wirespeed.batches(path, 2 * MIB, span=4 * MIB, depth=2)
+    off, overlapped = 0, False
+    for b in it:
+        assert raw(b) == data[off : off + b.nbytes], f"batch at {off} yielded before it landed"
+        overlapped |= not it.reports[-1].done  # a later span still streaming
+        off += b.nbytes
+    assert off == len(data)
+    assert overlapped, "no span was streaming while batches were yielded"
+
+
+def test_depth_zero_streams_one_span_at_a_time(big_file, emulator):
+    path, data = big_file
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=0)
+    for k, b in enumerate(it):
+        assert len(it.reports) == min(k // 4, 3) + 1  # the last span has the partial 17th
+        assert raw(b) == data[k * MIB : k * MIB + b.nbytes]
+
+
+def test_error_mid_iteration_raises_and_ends(big_file, emulator):
+    path, data = big_file
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=0, strategy="whole-file")
+    got = [next(it) for _ in range(4)]  # the first span: one copy
+    # The next copy (the second span's) fails.
+    emulator._emulator_inject_fault("cudaMemcpyAsync", 1, 999)
+    with pytest.raises(wirespeed.Error) as e:
+        next(it)
+    assert str(e.value)  # the library's message
+    assert next(it, None) is None  # the iteration has ended
+    assert b"".join(raw(b) for b in got) == data[: 4 * MIB]
+    # The streamer recovers: a fresh iteration reads everything.
+    emulator._emulator_reset()
+    assert b"".join(b.to_bytes() for b in wirespeed.batches(path, MIB, span=4 * MIB)) == data
+
+
+def test_error_in_a_later_span_is_not_handed_back(big_file, emulator):
+    path, data = big_file
+    # The third copy from now fails: the third span's, started while the
+    # first span's batches are yielded (depth 8: two spans ahead).
+    emulator._emulator_inject_fault("cudaMemcpyAsync", 3, 999)
+    seen = 0
+    with pytest.raises(wirespeed.Error):
+        for b in wirespeed.batches(path, MIB, span=4 * MIB, depth=8, strategy="whole-file"):
+            assert raw(b) == data[seen : seen + b.nbytes]
+            seen += b.nbytes
+    assert seen == 8 * MIB  # two spans, then the error instead of the third
+
+
+def test_break_leaves_nothing_pinned(big_file, emulator):
+    path, data = big_file
+    wirespeed.release()
+    gc.collect()
+    base = counters()
+    assert wirespeed.pinned_bytes() == 0
+    emulator._emulator_set_delay_us(10_000)  # spans still streaming at the break
+    it = wirespeed.batches(path, MIB, span=4 * MIB, budget=2 * MIB, depth=8)
+    for b in it:
+        assert wirespeed.pinned_bytes() > 0  # the ring of the streamer, at least
+        assert any(not r.done for r in it.reports)
+        break
+    del it, b
+    emulator._emulator_set_delay_us(0)
+    wirespeed.release()  # waits for the spans still streaming, frees the pins
+    gc.collect()
+    assert wirespeed.pinned_bytes() == 0
+    c = counters()
+    assert c["registrations"] == 0 and c["registered_bytes"] == 0
+    assert c["pinned_allocs"] == 0 and c["pinned_bytes"] == 0
+    assert c["device_allocs"] == base["device_allocs"]  # the spans' memory is freed
+    assert c["unregister_violations"] == base["unregister_violations"]
+
+
+def test_close_and_with_block(big_file, emulator):
+    path, data = big_file
+    with wirespeed.batches(path, MIB, span=4 * MIB) as it:
+        first = next(it)
+    assert next(it, None) is None  # closed by the block
+    assert first.to_bytes() == data[:MIB]
+    it = wirespeed.batches(path, MIB, span=4 * MIB)
+    it.close()
+    assert list(it) == []
+
+
+def test_bad_arguments(big_file):
+    path, _ = big_file
+    with pytest.raises(ValueError, match="depth"):
+        wirespeed.batches(path, MIB, depth=-1)
+    with pytest.raises(ValueError, match="span"):
+        wirespeed.batches(path, MIB, span=0)
+    with pytest.raises(ValueError, match="at least one byte"):
+        wirespeed.batches(path, 0)
+    with pytest.raises(wirespeed.Error, match="outside"):
+        wirespeed.batches(path, MIB, offset=1 << 40)
+    assert list(wirespeed.batches(path, MIB, offset=0, length=0)) == []
