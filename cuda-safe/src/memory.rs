@@ -567,8 +567,11 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     ///   freed (nor given back to a pool), in the context the runtime uses for
     ///   `device` (its primary context, which cudarc and the frameworks use too);
     /// * nothing else reads or writes that memory: no kernel, copy or memset
-    ///   of another library or stream, no other view of it, except work that
-    ///   the caller orders after those operations through a stream as below.
+    ///   of another library or stream, no other view of it, except work
+    ///   ordered after those operations through a stream as below, or before
+    ///   them (work on a stream they are made to wait for: the streamer's
+    ///   `StartOptions::after`, or [`Stream::wait_event`] on an event recorded
+    ///   after that work).
     ///
     /// An operation is *observed complete* once a wait on it returned (its
     /// [`Pending::wait`], a [`Stream::synchronize`] of its stream, or, for a

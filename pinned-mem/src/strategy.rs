@@ -237,11 +237,13 @@ const HYBRID_WINDOW_MAX: u64 = 128 * MIB;
 ///   hybrid. Registered windows cost about 0.035 CPU s/GB and run at about
 ///   25 GB/s on their one thread; ring threads about 0.12 CPU s/GB at about
 ///   9 GB/s each. About half the bytes through each is what stays near the
-///   line rate within about 0.10 CPU s/GB: 5 ring threads (fewer on small
+///   line rate within about 0.10 CPU s/GB: 4 ring threads (fewer on small
 ///   machines) with 4 slots of 4 MiB each, and the rest of the budget to four
-///   windows (at most 128 MiB each: see `HYBRID_WINDOW_MAX`). Measured on an H200 host (16 CPUs), 4 GiB
-///   file, 512 MiB budget: 4 threads reached 0.87 of the line rate at 0.092
-///   CPU s/GB, 5 threads 0.91 at 0.102, 6 threads 0.91 at 0.114;
+///   windows (at most 128 MiB each: see `HYBRID_WINDOW_MAX`). Measured on an
+///   H200 host (16 CPUs), medians of 9 passes: 4 GiB file, 512 MiB budget,
+///   4 threads 0.89-0.92 of the line rate at 0.097-0.100 CPU s/GB, 5 threads
+///   0.91-0.92 at 0.100-0.110; 40 GiB file, 4 GiB budget, 4 threads 0.90-0.92
+///   at 0.093, 5 threads 0.91-0.94 at 0.096-0.112;
 /// * else, room for four windows of at least 16 MiB: windows;
 /// * else the ring with what fits (slots of 64 KiB at least), or `None`.
 pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Strategy> {
@@ -259,7 +261,7 @@ pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Stra
             return Some(Strategy::Direct { slots, slot: slot as usize, threads });
         }
     }
-    let threads = (cpus / 3).clamp(1, 5);
+    let threads = (cpus / 4).clamp(1, 4);
     let slots = (threads * HYBRID_SLOTS_PER_THREAD) as u64;
     let slot = floor_pow2((avail / 4 / slots).saturating_sub(page)).min(AUTO_SLOT);
     if slot >= MIB {
@@ -337,17 +339,17 @@ mod tests {
         assert_eq!(plan(gib, 2 * gib, 16, true), Some(Strategy::WholeFile));
         match plan(68 * gib, 8 * gib, 16, false) {
             Some(s @ Strategy::Hybrid { window, slot, threads }) => {
-                assert_eq!((window, slot, threads), (128 << 20, 4 << 20, 5));
+                assert_eq!((window, slot, threads), (128 << 20, 4 << 20, 4));
                 assert!(s.pinned_bytes(68 * gib).unwrap() <= 8 * gib);
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(plan(68 * gib, 8 * gib, 16, true), Some(Strategy::Direct { threads: 8, .. })));
-        // 8x the budget at 512 MiB: four windows of 107 MiB and 5 x 4 x 4 MiB
+        // 8x the budget at 512 MiB: four windows of 111 MiB and 4 x 4 x 4 MiB
         // of ring (and its alignment slack).
         assert_eq!(
             plan(4 * gib, 512 * MIB, 16, false),
-            Some(Strategy::Hybrid { window: 107 << 20, slot: 4 << 20, threads: 5 })
+            Some(Strategy::Hybrid { window: 111 << 20, slot: 4 << 20, threads: 4 })
         );
         assert!(matches!(plan(gib, 100 * MIB, 2, false), Some(Strategy::Windows { in_flight: 4, .. })));
         assert!(matches!(plan(gib, 40 * MIB, 2, false), Some(Strategy::Ring { .. })));

@@ -228,6 +228,7 @@ fn strategies() -> Vec<Strategy> {
 /// Runs one transfer with the `nth` call of `call` failing from now on:
 /// whenever that call was made, the error names it; else the data is intact.
 /// Either way nothing is left behind once the streamer is gone.
+#[allow(clippy::too_many_arguments)]
 fn one_fault(
     t: &Ctx,
     file: &Arc<MappedFile>,
@@ -236,13 +237,13 @@ fn one_fault(
     call: &str,
     nth: u64,
     verify: bool,
+    second_context: bool,
 ) -> bool {
     let fired;
     let dev = Device::get(0).unwrap();
     let budget = PinBudget::new(8 << 20);
     {
-        let mut cfg = StreamConfig::new(strategy, budget.clone());
-        cfg.verify = verify;
+        let cfg = StreamConfig::new(strategy, budget.clone()).with_verify(verify).with_second_context(second_context);
         let s = Streamer::new(&[dev], cfg).unwrap();
         let mut dst = DeviceBuffer::<u8>::new(&dev, LEN).unwrap();
         let before = calls(t, call);
@@ -255,11 +256,12 @@ fn one_fault(
             return false;
         }
         fired = made >= nth;
-        let what = format!("{strategy}, {call} #{nth} (made {made}), verify {verify}");
+        let what = format!("{strategy}, {call} #{nth} (made {made}), verify {verify}, second context {second_context}");
         if made >= nth {
             match (res, released) {
                 (Err(e), _) | (Ok(_), Err(e)) => {
-                    assert_eq!(e.cuda_call(), Some(call), "{what}: {e}");
+                    // (The driver's error names the function without its version suffix.)
+                    assert_eq!(e.cuda_call(), Some(call.trim_end_matches("_v2")), "{what}: {e}");
                 }
                 (Ok(r), Ok(())) => panic!("{what}: the fault fired but the transfer succeeded: {r}"),
             }
@@ -285,30 +287,43 @@ fn every_strategy_fails_cleanly_at_each_call_site() {
     let _w = Watchdog::new(300);
     let dir = Dir::new("f-all");
     let (file, data) = data_file(&dir, 3);
-    let sites: &[(&str, &[u64])] = &[
-        ("cudaMemcpyAsync", &[1, 4]),
-        ("cudaEventRecord", &[1, 3]),
-        ("cudaEventSynchronize", &[1, 3]),
-        ("cudaEventCreateWithFlags", &[1]),
-        ("cudaHostRegister", &[1, 3]),
-        ("cudaHostUnregister", &[1, 2]),
-        ("cudaHostAlloc", &[1, 2]),
+    // (call, which ones fail, with the second context): the primary context
+    // registers with the runtime, the second with the driver.
+    let sites: &[(&str, &[u64], bool)] = &[
+        ("cudaMemcpyAsync", &[1, 4], true),
+        ("cudaEventRecord", &[1, 3], true),
+        ("cudaEventSynchronize", &[1, 3], true),
+        ("cudaEventCreateWithFlags", &[1], true),
+        ("cudaHostRegister", &[1, 3], false),
+        ("cudaHostUnregister", &[1, 2], false),
+        ("cudaHostAlloc", &[1, 2], true),
+        ("cuMemHostRegister_v2", &[1, 3], true),
+        ("cuMemHostUnregister", &[1, 2], true),
     ];
     let (mut runs, mut fired) = (0, 0);
+    let mut hit = vec![0usize; sites.len()];
     for (i, strategy) in strategies().into_iter().enumerate() {
-        for (call, nths) in sites {
+        for (k, (call, nths, second)) in sites.iter().enumerate() {
             for &nth in *nths {
                 t.set_delay_us(if (i + nth as usize).is_multiple_of(2) { 0 } else { 300 });
-                fired += usize::from(one_fault(&t, &file, &data, strategy, call, nth, false));
+                let f = one_fault(&t, &file, &data, strategy, call, nth, false, *second);
+                fired += usize::from(f);
+                hit[k] += usize::from(f);
                 runs += 1;
             }
         }
-        fired += usize::from(one_fault(&t, &file, &data, strategy, "cudaHostAlloc", 1, true));
-        fired += usize::from(one_fault(&t, &file, &data, strategy, "cudaStreamSynchronize", 1, true));
+        fired += usize::from(one_fault(&t, &file, &data, strategy, "cudaHostAlloc", 1, true, true));
+        fired += usize::from(one_fault(&t, &file, &data, strategy, "cudaStreamSynchronize", 1, true, true));
         runs += 2;
     }
     eprintln!("{fired} of {runs} injected faults fired");
-    assert!(fired * 3 >= runs * 2, "most injected faults must hit a call: {fired} of {runs}");
+    // Not every strategy makes every call (the ring registers nothing, the
+    // hybrid's registrations are the driver's), but every call site is hit by
+    // some strategy, and most faults fire.
+    for ((call, ..), n) in sites.iter().zip(&hit) {
+        assert!(*n > 0, "no strategy made {call}");
+    }
+    assert!(fired * 2 >= runs, "most injected faults must hit a call: {fired} of {runs}");
     t.assert_clean();
 }
 

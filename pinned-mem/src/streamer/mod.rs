@@ -115,7 +115,7 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// // SAFETY: nobody writes or truncates the file while it is mapped.
 /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
 /// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
-/// let mut dst = DeviceBuffer::<u8>::new(&dev, file.len() as usize)?;
+/// let mut dst = file.device_buffer::<u8>(&dev, 0..file.len())?;
 /// let report = streamer.to_device(&file, 0..file.len(), &mut dst)?;
 /// println!("{report}");
 /// # Ok(()) }
@@ -374,7 +374,7 @@ impl Streamer {
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
     /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
-    /// let mut dsts = devices.iter().map(|d| wirespeed_cuda::DeviceBuffer::<u8>::new(d, file.len() as usize)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut dsts = devices.iter().map(|d| file.device_buffer::<u8>(d, 0..file.len())).collect::<Result<Vec<_>, _>>()?;
     /// s.to_devices(&file, 0..file.len(), &mut dsts)?;
     /// # Ok(()) }
     /// ```

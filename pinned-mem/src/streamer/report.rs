@@ -103,14 +103,15 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: {} in {:.3} s ({:.2} GB/s), {:.3} CPU s/GB, peak pinned {}, {} registrations",
+            "{}: {} in {:.3} s ({:.2} GB/s), {:.3} CPU s/GB, peak pinned {}, {} registration{}",
             self.strategy,
             Bytes(self.bytes),
             self.seconds,
             self.gbps(),
             self.cpu_per_gb(),
             Bytes(self.peak_pinned),
-            self.registrations
+            self.registrations,
+            if self.registrations == 1 { "" } else { "s" }
         )?;
         if self.windows != WindowContext::None {
             write!(f, ", {}", self.windows)?;

@@ -60,9 +60,12 @@ impl<'s> StartOptions<'s> {
     /// Orders the transfer's copies after the work given to `stream` so far
     /// (up to the call of `start_with`): an event is recorded on `stream`
     /// then, and the streamer's stream waits for it before the first copy,
-    /// on the device, with no host wait. For a stream this crate did not make
-    /// (another library's, through [`Stream::from_raw`]) that allocated,
-    /// cleared or last read the destination.
+    /// on the device, with no host wait. For work these crates do not track
+    /// that allocated, cleared or last read the destination: on memory given
+    /// through [`DeviceSliceMut::from_raw_parts`](wirespeed_cuda::DeviceSliceMut::from_raw_parts),
+    /// or enqueued through raw handles (a kernel, another library's stream,
+    /// [`Stream::from_raw`]). Memory the crates allocated needs no `after`:
+    /// its fence orders the copies already.
     ///
     /// ```
     /// # fn main() -> wirespeed_cuda::Result<()> {
@@ -219,6 +222,14 @@ impl Transfer<'_> {
     /// ended it enqueues nothing: the copies are known complete. It does not
     /// tell the transfer's outcome when the copies were enqueued but have not
     /// finished: [`Transfer::wait`] (or polling) does.
+    ///
+    /// The transfer borrows its destination while this handle lives, and
+    /// the destination's fence holds it until the transfer has ended: an
+    /// operation through the safe API on a buffer the crates allocated waits
+    /// on the host for that end. For work on the destination with no host
+    /// wait at all, as below, give the transfer memory through
+    /// [`DeviceSliceMut::from_raw_parts`](wirespeed_cuda::DeviceSliceMut::from_raw_parts)
+    /// and use the same memory on `stream` through your own handles.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -44,11 +44,14 @@ impl Shared {
         let target = if whole_file { all } else { range.clone() };
         self.make_room(st, pages(&target), false, None);
         self.device_for_registration()?;
-        let (reg, fresh) = match PinnedRange::create(file, target, self.opts(), &self.config.budget) {
+        // In the second context when there is one, as windows are: dropping
+        // the registration later (to make room) then waits only for its own
+        // copies, not for every copy in flight on the device.
+        let (regctx, _) = self.window_context();
+        let create = |r: Range<u64>| PinnedRange::create_in(regctx.as_ref(), file, r, self.opts(), &self.config.budget);
+        let (reg, fresh) = match create(target) {
             // A range of the file is registered elsewhere: register just what is asked.
-            Err(Error::Overlap { .. }) if whole_file => {
-                PinnedRange::create(file, range.clone(), self.opts(), &self.config.budget)?
-            }
+            Err(Error::Overlap { .. }) if whole_file => create(range.clone())?,
             r => r?,
         };
         if fresh {
