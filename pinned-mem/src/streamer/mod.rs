@@ -10,18 +10,24 @@
 //! put them, which splits the file in proportion to those rates without
 //! measuring them beforehand.
 //!
-//! All copies to one device go to one stream in enqueue order (the
-//! destination's fence would serialize two streams writing one buffer anyway),
-//! so the copy engine is fed from both sources. A window or slot is reused or
-//! unregistered only after the event recorded after its copies has completed
-//! (events are blocking-sync: waiting sleeps, it does not spin a core).
+//! By default all copies to one device go to one stream, in enqueue order:
+//! each copy runs whole, one after the other, so a ring slot comes back as
+//! early as it can ([`CopyStreams`] lets the ring threads copy on streams of
+//! their own instead, each writing through a lane of the destination:
+//! [`wirespeed_cuda::Lanes`]). A window or slot is reused or unregistered
+//! only after the event recorded after its copies has completed (events are
+//! blocking-sync: waiting sleeps, it does not spin a core).
 //!
-//! Measured on the H200: `cudaHostRegister` runs alongside copies, but
-//! `cudaHostUnregister` waits for every copy in flight on the device. So the
-//! window agent registers windows ahead while earlier ones copy, up to the
-//! strategy's count, and then unregisters the whole batch at once (one drain
-//! per batch, not per window); in the hybrid, ring copies keep the copy engine
-//! busy meanwhile.
+//! Measured on the H200: in the primary context `cudaHostUnregister` waits for
+//! every copy in flight on the device, and registering blocks other threads'
+//! copies; in a second context ([`StreamConfig::second_context`], the
+//! default) neither happens. So windows (and the whole-range registrations
+//! the streamer keeps) are registered there, and a window retires as soon as
+//! its copies are done; in the primary context (the fallback) the window agent
+//! registers windows ahead while earlier ones copy and unregisters them a batch
+//! at a time (one drain per batch, not per window); in the hybrid, ring copies
+//! keep the copy engine busy meanwhile, and the ring takes the end of the
+//! range, where a window would be registered with nothing else left to copy.
 //!
 //! # Where things are
 //!
