@@ -126,13 +126,20 @@ fn parse_ring_cache(v: &str) -> Result<(usize, usize, usize), String> {
 pub struct Custom {
     pub strategy: wirespeed_pinned::Strategy,
     pub copy_streams: wirespeed_pinned::CopyStreams,
+    /// Run with the page cache dropped before each repetition, after the cold rows.
+    pub cold: bool,
 }
 
 /// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
 /// `windows:WINDOW,IN_FLIGHT`, `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G) or
-/// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`).
+/// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`) and then
+/// `/cold` (the page cache dropped before each repetition).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
     use wirespeed_pinned::{CopyStreams, Strategy};
+    let (v, cold) = match v.strip_suffix("/cold") {
+        Some(rest) => (rest, true),
+        None => (v, false),
+    };
     let (spec, copy_streams) = match v.split_once("/streams=") {
         Some((spec, "one")) => (spec, CopyStreams::One),
         Some((spec, "ring")) => (spec, CopyStreams::RingApart),
@@ -141,7 +148,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         None => (v, CopyStreams::default()),
     };
     if spec == "auto" {
-        return Ok(Custom { strategy: Strategy::Auto, copy_streams });
+        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold });
     }
     let (kind, args) = spec.split_once(':').ok_or("give KIND:ARGS, e.g. hybrid:112M,4M,4")?;
     let a: Vec<&str> = args.split(',').map(str::trim).collect();
@@ -154,11 +161,11 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         ("windows", [w, k]) => Strategy::Windows { window: size(w)?, in_flight: count(k)? },
         _ => {
             return Err(format!(
-                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /streams=one|ring|thread)"
+                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /streams=one|ring|thread, then /cold)"
             ));
         }
     };
-    Ok(Custom { strategy: s, copy_streams })
+    Ok(Custom { strategy: s, copy_streams, cold })
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
@@ -204,7 +211,8 @@ pub struct Options {
     /// windows:WINDOW,IN_FLIGHT, direct:SLOTS,SLOT,THREADS), run within the pin budget as
     /// `custom-1`, `custom-2`, ... after the others: for trying what `auto` could pick. `auto` and
     /// a `/streams=one|ring|thread` suffix (the streams the copies go on: the streamer's, a second
-    /// one for the ring threads, one per ring thread) are accepted too
+    /// one for the ring threads, one per ring thread) and then `/cold` (the page cache dropped before
+    /// each repetition; such rows run after the cold rows) are accepted too
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
     pub custom: Vec<Custom>,
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
+use crate::args::Custom;
 use wirespeed_pinned::{PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 /// The chunk size of the baselines.
@@ -651,17 +652,23 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         spec.reps = target_reps;
         rows.push(library(b, data, &mut dest, spec)?);
     }
-    for (i, custom) in b.opts.custom.clone().into_iter().enumerate() {
+    let customs: Vec<(usize, Custom)> = b.opts.custom.iter().copied().enumerate().collect();
+    let custom_spec = |i: usize, custom: &Custom| {
         let streams = match custom.copy_streams {
             wirespeed_pinned::CopyStreams::One => "",
             wirespeed_pinned::CopyStreams::RingApart => ", the ring's copies on a stream of their own",
             _ => ", a stream per ring thread",
         };
-        let what = format!("a strategy given with --strategy, within the {} pin budget{streams}", fmt_bytes(budget));
-        let mut spec = lib(&format!("custom-{}", i + 1), what, custom.strategy, lim(), false);
+        let cold = if custom.cold { ", page cache dropped before each run" } else { "" };
+        let what =
+            format!("a strategy given with --strategy, within the {} pin budget{streams}{cold}", fmt_bytes(budget));
+        let mut spec = lib(&format!("custom-{}", i + 1), what, custom.strategy, lim(), custom.cold);
         spec.reps = target_reps;
         spec.copy_streams = custom.copy_streams;
-        rows.push(library(b, data, &mut dest, spec)?);
+        spec
+    };
+    for (i, custom) in customs.iter().filter(|(_, c)| !c.cold) {
+        rows.push(library(b, data, &mut dest, custom_spec(*i, custom))?);
     }
     if sel("budget-reuse") {
         // A registration rounds out to pages and may need one more: stay two pages under the budget.
@@ -699,6 +706,9 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
     if sel("cold-direct") {
         let what = "page cache dropped, O_DIRECT reads straight into pinned slots".to_string();
         rows.push(library(b, data, &mut dest, lib("cold-direct", what, direct_for(threads, budget), lim(), true))?);
+    }
+    for (i, custom) in customs.iter().filter(|(_, c)| c.cold) {
+        rows.push(library(b, data, &mut dest, custom_spec(*i, custom))?);
     }
     Ok(Streamed { rows, destination: dest.describe(), kvikio, overlap })
 }
