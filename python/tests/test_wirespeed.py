@@ -193,3 +193,21 @@ def test_release(data_file):
     wirespeed.release()
     wirespeed.read_into(dst, os.fspath(path), 4096, 4096, sync=True)
     assert dst.to_bytes() == data[4096:8192]
+
+
+def test_dlpack_destination_without_torch_is_a_clear_error(data_file):
+    """A DLPack array is read into through torch.from_dlpack; without torch
+    the error says so (and names the ways that work)."""
+    if wirespeed._torch() is not None:
+        pytest.skip("torch is installed: DLPack goes through it")
+
+    class OnlyDLPack:
+        def __dlpack__(self, stream=None):
+            raise AssertionError("not consumed without torch")
+
+        def __dlpack_device__(self):
+            return (2, 0)  # kDLCUDA, device 0
+
+    path, _ = data_file
+    with pytest.raises(TypeError, match="DLPack.*torch"):
+        wirespeed.read_into(OnlyDLPack(), path, 0, 16)

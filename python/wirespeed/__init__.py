@@ -164,10 +164,21 @@ def _destination(dst: Any) -> Tuple[int, int, Optional[int], Optional[int]]:
         stream = torch.cuda.current_stream(dst.device).cuda_stream
         return dst.data_ptr(), dst.numel() * dst.element_size(), dst.device.index, int(stream)
     cai = getattr(dst, "__cuda_array_interface__", None)
+    if cai is None and hasattr(dst, "__dlpack__"):
+        # DLPack: through torch, which shares the memory (and orders the
+        # producer's work before its current stream), then as a tensor.
+        torch = _torch()
+        if torch is None:
+            raise TypeError(
+                f"{type(dst).__name__} is a DLPack array: reading into it goes through torch "
+                "(torch.from_dlpack), which is not installed; give a CUDA tensor or an object "
+                "with __cuda_array_interface__"
+            )
+        return _destination(torch.from_dlpack(dst))
     if cai is None:
         raise TypeError(
-            f"{type(dst).__name__} is not a CUDA array: give a CUDA tensor or an "
-            "object with __cuda_array_interface__"
+            f"{type(dst).__name__} is not a CUDA array: give a CUDA tensor, an object "
+            "with __cuda_array_interface__, or a DLPack array (with torch installed)"
         )
     ptr, readonly = cai["data"]
     if readonly:
@@ -254,7 +265,9 @@ def read_into(
     sync: bool = False,
 ) -> Report:
     """Reads ``length`` bytes from ``offset`` of ``src`` into the CUDA tensor
-    ``dst`` (contiguous; exactly that many bytes).
+    ``dst`` (contiguous; exactly that many bytes): a torch tensor, an object
+    with ``__cuda_array_interface__``, or a DLPack array (``__dlpack__``,
+    taken through ``torch.from_dlpack``, so with torch installed).
 
     ``src`` is a path, an ``np.memmap`` (its file range is streamed from the
     file), or a host array (a numpy array, a CPU tensor, any buffer: copied
