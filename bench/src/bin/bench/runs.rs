@@ -1,6 +1,7 @@
 //! The measured runs: the line rate, the baselines written here with
 //! cuda-safe, the library's strategies, the disk and the cold runs.
 
+use crate::args::Custom;
 use crate::args::Options;
 use crate::checksum::{self, Readback};
 use crate::data::{self, Data};
@@ -14,7 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
-use crate::args::Custom;
 use wirespeed_pinned::{PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 /// The chunk size of the baselines.
