@@ -113,8 +113,10 @@ impl Shared {
         let claims = Claims::new(range.clone());
         let mut sink = RwLock::new(sink);
         let agents = agents(strategy, whole, &held);
-        // Ring agents on streams of their own, each through a lane of the
-        // sink (the window agent has lane 0, on the streamer's streams).
+        // With `CopyStreams::RingApart` or `PerThread`, ring agents copy on
+        // streams of their own, each through a lane of the sink (the window
+        // agent has lane 0, on the streamer's streams); by default all copy
+        // on the streamer's streams through the sink's lock.
         let mut pool = lock(&self.agent_streams);
         let sets = match self.config.copy_streams {
             CopyStreams::One => 0,
