@@ -202,14 +202,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// # Errors
     /// [`Error::InvalidArgument`] when out of bounds.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        let r = to_range(range, self.len, "DeviceBuffer::slice_mut")?;
-        Ok(DeviceSliceMut {
-            ptr: self.ptr.wrapping_add(r.start),
-            len: r.len(),
-            device: self.device,
-            fence: ViewFence::Buffer(&mut self.fence),
-            _p: PhantomData,
-        })
+        DeviceSliceMut::within(self.ptr, self.len, self.device, &mut self.fence, range, "DeviceBuffer::slice_mut")
     }
 
     /// Two writable views, of `..mid` and `mid..`, usable at once (by two
@@ -612,6 +605,27 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         Ok(DeviceSliceMut { ptr, len, device, fence: ViewFence::Own(Fence::default()), _p: PhantomData })
     }
 
+    /// The writable view of `range` of the `len` values from `ptr` on
+    /// `device`, whose operations record in `fence`: the one constructor of
+    /// sub-views (of a buffer, a view, a detached writer, a lane).
+    fn within(
+        ptr: *mut T,
+        len: usize,
+        device: Device,
+        fence: &'a mut Fence,
+        range: impl RangeBounds<usize>,
+        call: &'static str,
+    ) -> Result<DeviceSliceMut<'a, T>> {
+        let r = to_range(range, len, call)?;
+        Ok(DeviceSliceMut {
+            ptr: ptr.wrapping_add(r.start),
+            len: r.len(),
+            device,
+            fence: ViewFence::Buffer(fence),
+            _p: PhantomData,
+        })
+    }
+
     /// Number of values.
     ///
     /// ```
@@ -684,14 +698,8 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     /// # Errors
     /// [`Error::InvalidArgument`] when out of bounds.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        let r = to_range(range, self.len, "DeviceSliceMut::slice_mut")?;
-        Ok(DeviceSliceMut {
-            ptr: self.ptr.wrapping_add(r.start),
-            len: r.len(),
-            device: self.device,
-            fence: ViewFence::Buffer(self.fence.get_mut()),
-            _p: PhantomData,
-        })
+        let (ptr, len, device) = (self.ptr, self.len, self.device);
+        DeviceSliceMut::within(ptr, len, device, self.fence.get_mut(), range, "DeviceSliceMut::slice_mut")
     }
 
     /// Two writable views, of `..mid` and `mid..`, usable at once, as
@@ -916,14 +924,7 @@ impl<T: Pod> DetachedSliceMut<T> {
     /// # Errors
     /// [`Error::InvalidArgument`] when out of bounds.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        let r = to_range(range, self.len, "DetachedSliceMut::slice_mut")?;
-        Ok(DeviceSliceMut {
-            ptr: self.ptr.wrapping_add(r.start),
-            len: r.len(),
-            device: self.device,
-            fence: ViewFence::Buffer(&mut self.fence),
-            _p: PhantomData,
-        })
+        DeviceSliceMut::within(self.ptr, self.len, self.device, &mut self.fence, range, "DetachedSliceMut::slice_mut")
     }
 
     /// A read-only view of `range` (to check what was written, say).

@@ -4,10 +4,9 @@
 use std::ops::RangeBounds;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::{DetachedSliceMut, DeviceSliceMut, Pod, ViewFence, to_range};
+use super::{DetachedSliceMut, DeviceSliceMut, Pod};
 use crate::error::{Error, Result};
 use crate::stream::{Fence, Hold, span_of};
-use std::marker::PhantomData;
 
 /// A [`DetachedSliceMut`] split into *lanes*: writers that may each write any
 /// part of the span, from their own thread and stream, without being ordered
@@ -56,9 +55,6 @@ use std::marker::PhantomData;
 pub struct Lanes<T: Pod> {
     slice: DetachedSliceMut<T>,
     lanes: Vec<Mutex<Fence>>,
-    ptr: *mut T,
-    len: usize,
-    device: crate::Device,
 }
 
 // SAFETY: as DetachedSliceMut: exclusive access to device memory its owner
@@ -69,7 +65,7 @@ unsafe impl<T: Pod> Sync for Lanes<T> {}
 
 impl<T: Pod> std::fmt::Debug for Lanes<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lanes").field("lanes", &self.lanes.len()).field("len", &self.len).finish()
+        f.debug_struct("Lanes").field("lanes", &self.lanes.len()).field("len", &self.slice.len).finish()
     }
 }
 
@@ -87,7 +83,7 @@ impl<T: Pod> DetachedSliceMut<T> {
     /// ```
     pub fn into_lanes(mut self, n: usize) -> Lanes<T> {
         let lanes = (0..n.max(1)).map(|_| Mutex::new(self.fence.fork())).collect();
-        Lanes { ptr: self.ptr, len: self.len, device: self.device, lanes, slice: self }
+        Lanes { lanes, slice: self }
     }
 }
 
@@ -115,7 +111,7 @@ impl<T: Pod> Lanes<T> {
     /// # Ok(()) }
     /// ```
     pub fn len(&self) -> usize {
-        self.len
+        self.slice.len
     }
 
     /// True when the span holds no value.
@@ -128,7 +124,7 @@ impl<T: Pod> Lanes<T> {
     /// # Ok(()) }
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.slice.len == 0
     }
 
     /// Lane `k`, for one writer at a time (it locks the lane; give each
@@ -159,9 +155,9 @@ impl<T: Pod> Lanes<T> {
         })?;
         Ok(Lane {
             fence: fence.lock().unwrap_or_else(PoisonError::into_inner),
-            ptr: self.ptr,
-            len: self.len,
-            device: self.device,
+            ptr: self.slice.ptr,
+            len: self.slice.len,
+            device: self.slice.device,
         })
     }
 
@@ -181,11 +177,11 @@ impl<T: Pod> Lanes<T> {
         // Leaves an empty writer of nothing in its place, for `Drop` (whose
         // merge then finds no lane left).
         let empty = DetachedSliceMut {
-            ptr: self.ptr,
+            ptr: self.slice.ptr,
             len: 0,
-            device: self.device,
+            device: self.slice.device,
             fence: Fence::default(),
-            hold: std::sync::Arc::new(Hold::new(span_of(self.ptr, 0))),
+            hold: std::sync::Arc::new(Hold::new(span_of(self.slice.ptr, 0))),
         };
         std::mem::replace(&mut self.slice, empty)
     }
@@ -241,13 +237,6 @@ impl<T: Pod> Lane<'_, T> {
     /// # Errors
     /// [`Error::InvalidArgument`] when out of bounds.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceSliceMut<'_, T>> {
-        let r = to_range(range, self.len, "Lane::slice_mut")?;
-        Ok(DeviceSliceMut {
-            ptr: self.ptr.wrapping_add(r.start),
-            len: r.len(),
-            device: self.device,
-            fence: ViewFence::Buffer(&mut self.fence),
-            _p: PhantomData,
-        })
+        DeviceSliceMut::within(self.ptr, self.len, self.device, &mut self.fence, range, "Lane::slice_mut")
     }
 }
