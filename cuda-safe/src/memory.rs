@@ -977,6 +977,27 @@ impl<T: Pod> DetachedSliceMut<T> {
         self.fence.settle();
     }
 
+    /// True when no earlier detached writer of this span still holds it:
+    /// operations through this value will not wait for another writer's
+    /// release (the answer cannot turn false later: releases are final). The
+    /// test [`DetachedSliceMut::settle`] would block on, without blocking.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut};
+    /// let mut buf = DeviceBuffer::<u8>::zeroed(&Device::get(0)?, 100)?;
+    /// let first = DeviceSliceMut::from(&mut buf).detach();
+    /// let second = DeviceSliceMut::from(&mut buf).detach(); // must follow `first`
+    /// assert!(!second.is_settled());
+    /// first.release();
+    /// assert!(second.is_settled());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_settled(&self) -> bool {
+        self.fence.is_settled()
+    }
+
     /// Releases the hold (the same as dropping it): the owner's fence learns
     /// what was enqueued through this value and stops blocking on it.
     ///

@@ -410,6 +410,11 @@ impl Fence {
         self.state.get_mut().settle(&(0..usize::MAX));
     }
 
+    /// True when [`Fence::settle`] would return at once.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.state.lock().unreleased(&(0..usize::MAX)).is_empty()
+    }
+
     /// Locks the state for an operation on `span`, first waiting (unlocked)
     /// for the writers holding part of `span` to release it.
     #[inline]

@@ -68,6 +68,15 @@ pub(crate) trait Sink: Send + Sync {
     fn verified(&self) -> Option<bool> {
         None
     }
+    /// The pass is about to start its agents with `strategy`, windows in
+    /// `windows`, counting its registrations in `registrations`.
+    fn begin(
+        &mut self,
+        _strategy: crate::Strategy,
+        _windows: &crate::WindowContext,
+        _registrations: &std::sync::Arc<AtomicU64>,
+    ) {
+    }
     /// True when pieces may be put by several agents at once, each through a
     /// lane of its own on streams of its own ([`Sink::put_lane`]).
     const LANES: bool = false;

@@ -514,6 +514,11 @@ class Batches:
             ptr, stream = slab.ptr, None
         # Ordered after the work on the current stream so far (which may have
         # used this memory before the caching allocator handed it out again).
+        # Nothing waits here for its copies to be enqueued (not synced, not
+        # ordered: the span is handed out only once it has landed, see
+        # `_next_span`), so the next spans are queued at once, and the
+        # streamer's running pass takes them up as it goes, with no pause
+        # between spans.
         report = _native.read_file(
             self._path, self._start + off, n, ptr, n, self._device, stream,
             self._budget, self._strategy, slab, False, False,

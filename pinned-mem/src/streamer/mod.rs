@@ -38,7 +38,8 @@
 //! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`];
 //! * `transfer.rs`: transfers that do not block ([`Streamer::start`]): the
 //!   [`Transfer`] handle, [`StartOptions`], and the worker thread that runs
-//!   them one at a time, in order;
+//!   them in order;
+//! * `chain.rs`: transfers queued back to back, run as one pass;
 //! * `enter.rs`: one call at a time, none from inside the streamer's callbacks;
 //! * `plan.rs`: the strategy a transfer uses, and the range and budget checks;
 //! * `cache.rs`: what the streamer keeps between calls (registrations, ring);
@@ -64,6 +65,7 @@ use crate::strategy::{Strategy, plan};
 use crate::util::{align_up, cpus, page_size};
 
 mod cache;
+mod chain;
 mod config;
 mod direct;
 mod enter;
@@ -110,8 +112,8 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// (allocated once), all drawn from the budget until
 /// [`Streamer::release_pins`] or drop. Calls are serialized: transfers
 /// started with [`Streamer::start`] run on a worker thread of the streamer,
-/// one at a time and in order, blocking calls on the calling thread in
-/// between. Dropping the streamer waits for the transfers it started.
+/// in order (those queued back to back as one pass), blocking calls on the
+/// calling thread in between. Dropping the streamer waits for the transfers it started.
 ///
 /// ```no_run
 /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
@@ -417,9 +419,16 @@ impl Streamer {
     /// order work on your own streams after ([`Transfer::then_on`]).
     ///
     /// The streamer runs its transfers on a worker thread of its own (started
-    /// by the first call), one at a time, in the order they were started; calls
-    /// that block ([`Streamer::to_device`], ...) run on the calling thread in
-    /// between. The transfer borrows `dst` for as long as the handle lives;
+    /// by the first call), in the order they were started; calls that block
+    /// ([`Streamer::to_device`], ...) run on the calling thread in between.
+    /// Transfers queued back to back run as one pass when they can: once the
+    /// running transfer is claimed, its agents go on with the next one (same
+    /// file, a range at or after the last one's end, its
+    /// [`StartOptions::after`] completed) with no drain between them, when the
+    /// strategy streams through windows or the ring (`Auto` for a range larger
+    /// than the budget), without [`StreamConfig::verify`], a progress callback
+    /// or [`CopyStreams`] other than `One`. Each keeps its own handle, event
+    /// and [`Report`] ([`Report::chained`]). The transfer borrows `dst` for as long as the handle lives;
     /// dropping or leaking the handle does not stop the transfer, and `dst`'s
     /// owner stays safe to drop or read: it waits for the transfer (see
     /// [`wirespeed_cuda::DetachedSliceMut`]). Dropping the streamer waits for

@@ -65,12 +65,27 @@ impl Shared {
         sink: S,
         on_msg: impl FnMut(S::Msg) -> Result<()>,
     ) -> Result<(Report, S)> {
+        self.run_fed(st, file, range, sink, on_msg, None)
+    }
+
+    /// As [`Shared::run`], with `feed` adding ranges to the pass while it
+    /// runs when the strategy streams through windows or the ring (see
+    /// `chain.rs`); the report covers the whole pass.
+    pub(super) fn run_fed<S: Sink>(
+        &self,
+        st: &mut State,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        sink: S,
+        on_msg: impl FnMut(S::Msg) -> Result<()>,
+        feed: Option<&dyn Feed>,
+    ) -> Result<(Report, S)> {
         let len = range.end - range.start;
         // An empty range moves nothing: no plan (which could refuse the budget).
         let strategy = if len == 0 { self.config.strategy.normalized()? } else { self.pick(st, file, &range)? };
         let watch = self.config.budget.watch();
         let (t0, cpu0) = (Instant::now(), process_cpu_seconds());
-        let registrations = AtomicU64::new(0);
+        let registrations = Arc::new(AtomicU64::new(0));
         if len == 0 {
             let report = Report {
                 strategy,
@@ -81,6 +96,7 @@ impl Shared {
                 registrations: 0,
                 verified: sink.verified(),
                 windows: WindowContext::None,
+                chained: false,
             };
             return Ok((report, sink));
         }
@@ -110,7 +126,12 @@ impl Shared {
         };
         let mut ctx = self.ctx(file, len, registrations);
         ctx.window_ctx = window_ctx;
-        let claims = Claims::new(range.clone());
+        // Only windows and the ring take ranges added to a running pass.
+        let feed = feed
+            .filter(|_| matches!(strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. }));
+        let claims = Claims::new(range.clone(), feed);
+        let mut sink = sink;
+        sink.begin(strategy, &windows, &ctx.registrations);
         let mut sink = RwLock::new(sink);
         let agents = agents(strategy, whole, &held);
         // With `CopyStreams::RingApart` or `PerThread`, ring agents copy on
@@ -175,6 +196,7 @@ impl Shared {
             registrations: ctx.registrations.load(Ordering::Relaxed),
             verified: sink.verified(),
             windows,
+            chained: false,
         };
         Ok((report, sink))
     }
@@ -222,7 +244,7 @@ impl Shared {
     }
 
     /// The context of a transfer of `len` bytes of `file`.
-    fn ctx<'a>(&'a self, file: &'a Arc<MappedFile>, len: u64, registrations: AtomicU64) -> Ctx<'a> {
+    fn ctx<'a>(&'a self, file: &'a Arc<MappedFile>, len: u64, registrations: Arc<AtomicU64>) -> Ctx<'a> {
         Ctx {
             window_events: &self.window_events,
             file,
@@ -384,7 +406,8 @@ pub(super) struct Ctx<'a> {
     pub(super) budget: &'a PinBudget,
     pub(super) abort: AtomicBool,
     pub(super) error: Mutex<Option<Error>>,
-    pub(super) registrations: AtomicU64,
+    /// Registrations made so far (shared with a chained pass's sink).
+    pub(super) registrations: Arc<AtomicU64>,
     pub(super) done: AtomicU64,
     pub(super) total: u64,
     pub(super) progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,
@@ -494,53 +517,119 @@ fn join_agents(ctx: &Ctx<'_>, lanes: &[AgentStreamSet], streams: &[Stream]) {
     }
 }
 
-/// The part of the range not claimed yet: the window agent takes from the
+/// Where a running pass gets more ranges to stream (the transfers queued
+/// behind the first one: `chain.rs`).
+pub(super) trait Feed: Sync {
+    /// The next range of the pass, starting at or after `end` (the end of
+    /// the last one), ready to be claimed; `None` when there is none now (the
+    /// pass then takes no more).
+    fn next_range(&self, end: u64) -> Option<Range<u64>>;
+}
+
+/// The parts of the pass not claimed yet: the window agent takes from the
 /// front, hybrid ring agents from the back. Claims end on multiples of their
 /// size (absolute file offsets), so windows never share a page and direct
 /// reads stay aligned.
-pub(super) struct Claims {
-    cursor: Mutex<Range<u64>>,
+///
+/// A pass streams one range, or several, one after the other (a chained
+/// pass: [`Feed`]). Each range is claimed from both ends like a lone one;
+/// the front moves to the next range once fewer bytes are left than it
+/// leaves (`front_leaving`), the back once nothing is left, and a claimer
+/// that reaches the last range asks the feed for another. Once the feed has
+/// none, it is asked no more: a range arriving later waits for the next pass
+/// (a range is never added once the claimers that would take its end have
+/// stopped).
+pub(super) struct Claims<'f> {
+    cursor: Mutex<Cursors>,
+    feed: Option<&'f dyn Feed>,
 }
 
-impl Claims {
-    pub(super) fn new(range: Range<u64>) -> Claims {
-        Claims { cursor: Mutex::new(range) }
+struct Cursors {
+    /// The unclaimed part of each range of the pass, in order.
+    parts: Vec<Range<u64>>,
+    /// The parts the front and the back claim from.
+    front: usize,
+    back: usize,
+    /// The feed has had nothing once: no range is added any more.
+    closed: bool,
+}
+
+impl Cursors {
+    /// Adds the feed's next range, if there is one and the pass still takes one.
+    fn more(&mut self, feed: Option<&dyn Feed>) -> bool {
+        if self.closed {
+            return false;
+        }
+        let end = self.parts.last().map_or(0, |p| p.end);
+        match feed.and_then(|f| f.next_range(end)) {
+            Some(r) if r.start >= end && r.start < r.end => {
+                self.parts.push(r);
+                true
+            }
+            _ => {
+                self.closed = true;
+                false
+            }
+        }
+    }
+}
+
+impl<'f> Claims<'f> {
+    pub(super) fn new(range: Range<u64>, feed: Option<&'f dyn Feed>) -> Claims<'f> {
+        Claims { cursor: Mutex::new(Cursors { parts: vec![range], front: 0, back: 0, closed: feed.is_none() }), feed }
     }
 
     pub(super) fn front(&self, size: u64) -> Option<Range<u64>> {
         self.front_leaving(size, 0)
     }
 
-    /// As [`Claims::front`], but `None` once fewer than `leave` bytes are left.
+    /// As [`Claims::front`], but none from a range once fewer than `leave`
+    /// bytes are left in it (the front then moves on to the next range).
     pub(super) fn front_leaving(&self, size: u64, leave: u64) -> Option<Range<u64>> {
-        let mut c = lock(&self.cursor);
-        if c.start >= c.end || c.end - c.start < leave {
-            return None;
+        let mut g = lock(&self.cursor);
+        let c = &mut *g;
+        loop {
+            let p = c.parts.get_mut(c.front)?;
+            if p.start < p.end && p.end - p.start >= leave {
+                let end = ((p.start / size).saturating_add(1)).saturating_mul(size).min(p.end);
+                let r = p.start..end;
+                p.start = end;
+                return Some(r);
+            }
+            if c.front + 1 < c.parts.len() || c.more(self.feed) {
+                c.front += 1;
+            } else {
+                return None;
+            }
         }
-        let end = ((c.start / size).saturating_add(1)).saturating_mul(size).min(c.end);
-        let r = c.start..end;
-        c.start = end;
-        Some(r)
     }
 
     /// Gives the front claim back from `from` on (the window agent, the only
     /// one claiming from the front, cut its last claim short there).
     pub(super) fn unclaim_front(&self, from: u64, claimed_end: u64) {
         let mut c = lock(&self.cursor);
-        if c.start == claimed_end && from < claimed_end {
-            c.start = from;
+        if let Some(p) = c.parts.iter_mut().find(|p| p.start == claimed_end && from < claimed_end) {
+            p.start = from;
         }
     }
 
     pub(super) fn back(&self, size: u64) -> Option<Range<u64>> {
-        let mut c = lock(&self.cursor);
-        if c.start >= c.end {
-            return None;
+        let mut g = lock(&self.cursor);
+        let c = &mut *g;
+        loop {
+            let p = c.parts.get_mut(c.back)?;
+            if p.start < p.end {
+                let start = ((p.end - 1) / size * size).max(p.start);
+                let r = start..p.end;
+                p.end = start;
+                return Some(r);
+            }
+            if c.back + 1 < c.parts.len() || c.more(self.feed) {
+                c.back += 1;
+            } else {
+                return None;
+            }
         }
-        let start = ((c.end - 1) / size * size).max(c.start);
-        let r = start..c.end;
-        c.end = start;
-        Some(r)
     }
 }
 
@@ -550,7 +639,7 @@ const HYBRID_LEAVE_WINDOWS: u64 = 2;
 
 /// How long the tail of a pass polls its last event before sleeping on it: a
 /// blocking-sync event wakes its waiter late, a fixed cost on every pass.
-const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
+pub(super) const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
 
 /// The last piece of a pass is polled for as long as it takes to copy at this
 /// rate (a low one: a slower copy outlasts the polling and is slept on).
@@ -587,7 +676,7 @@ mod tests {
 
     #[test]
     fn claims_meet_in_the_middle_on_boundaries() {
-        let c = Claims::new(100..10_000);
+        let c = Claims::new(100..10_000, None);
         assert_eq!(c.front(4096), Some(100..4096));
         assert_eq!(c.back(1000), Some(9000..10_000));
         assert_eq!(c.back(1000), Some(8000..9000));
@@ -598,7 +687,7 @@ mod tests {
 
     #[test]
     fn front_claims_leave_the_end() {
-        let c = Claims::new(0..10_000);
+        let c = Claims::new(0..10_000, None);
         assert_eq!(c.front_leaving(1000, 3000), Some(0..1000));
         assert_eq!(c.back(1000), Some(9000..10_000));
         assert_eq!(c.front_leaving(4000, 3000), Some(1000..4000));
@@ -606,9 +695,55 @@ mod tests {
         assert_eq!(c.front(1000), Some(4000..5000), "plain claims still take it");
     }
 
+    /// A feed of fixed ranges, counting how often it was asked.
+    struct Ranges(Mutex<Vec<Range<u64>>>, AtomicU64);
+
+    impl Feed for Ranges {
+        fn next_range(&self, _end: u64) -> Option<Range<u64>> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            let mut v = lock(&self.0);
+            if v.is_empty() { None } else { Some(v.remove(0)) }
+        }
+    }
+
+    #[test]
+    fn a_fed_pass_claims_each_range_from_both_ends_in_turn() {
+        let feed = Ranges(Mutex::new(vec![1000..2000, 2500..3000]), AtomicU64::new(0));
+        let c = Claims::new(0..1000, Some(&feed));
+        assert_eq!(c.front_leaving(300, 400), Some(0..300));
+        assert_eq!(c.back(100), Some(900..1000));
+        assert_eq!(c.front_leaving(300, 400), Some(300..600));
+        // 300 left, fewer than it leaves: the front moves on to the next range.
+        assert_eq!(c.front_leaving(300, 400), Some(1000..1200));
+        assert_eq!(c.back(100), Some(800..900), "the back finishes the first range");
+        assert_eq!(c.back(250), Some(750..800));
+        assert_eq!(c.back(250), Some(600..750));
+        assert_eq!(c.back(100), Some(1900..2000), "then takes the next one's end");
+        assert_eq!(feed.1.load(Ordering::Relaxed), 1);
+        assert_eq!(c.front_leaving(300, 500), Some(1200..1500));
+        assert_eq!(c.back(1000), Some(1500..1900), "cut at the range's start");
+        assert_eq!(c.front(1000), Some(2500..3000), "the third range");
+        assert_eq!(c.back(100), None);
+        assert_eq!(c.front(1000), None);
+        // The feed had nothing once: it is not asked again.
+        let asked = feed.1.load(Ordering::Relaxed);
+        lock(&feed.0).push(4000..5000);
+        assert_eq!(c.back(100), None);
+        assert_eq!(feed.1.load(Ordering::Relaxed), asked);
+    }
+
+    #[test]
+    fn a_range_behind_the_last_one_is_not_taken() {
+        let feed = Ranges(Mutex::new(std::iter::once(0..10).collect()), AtomicU64::new(0));
+        let c = Claims::new(100..200, Some(&feed));
+        assert_eq!(c.front(1000), Some(100..200));
+        assert_eq!(c.front(1000), None);
+        assert_eq!(c.back(1000), None);
+    }
+
     #[test]
     fn claims_cover_everything_once() {
-        let c = Claims::new(7..1_000_003);
+        let c = Claims::new(7..1_000_003, None);
         let mut parts = Vec::new();
         let mut flip = false;
         loop {

@@ -46,6 +46,11 @@ pub struct Report {
     pub verified: Option<bool>,
     /// Where sliding windows were registered, and why there.
     pub windows: WindowContext,
+    /// The transfer ran in the same pass as the one queued before it
+    /// ([`Streamer::start`](super::Streamer::start)), with no drain between
+    /// them: its `seconds` and `cpu_seconds` count from when the pass took it
+    /// up, and overlap the earlier transfer's.
+    pub chained: bool,
 }
 
 /// Where a transfer registered its sliding windows ([`Strategy::Windows`] and
@@ -115,6 +120,9 @@ impl std::fmt::Display for Report {
         )?;
         if self.windows != WindowContext::None {
             write!(f, ", {}", self.windows)?;
+        }
+        if self.chained {
+            write!(f, ", chained to the transfer before it")?;
         }
         match self.verified {
             Some(true) => write!(f, ", verified"),

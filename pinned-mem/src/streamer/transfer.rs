@@ -1,7 +1,8 @@
 //! Transfers that do not block: [`Streamer::start`](super::Streamer::start)
 //! queues a [`Job`] for the streamer's worker thread and returns a
-//! [`Transfer`] at once. The worker runs the jobs one at a time, in order,
-//! through the same run as the blocking calls (`Shared::fill`), and tells the
+//! [`Transfer`] at once. The worker runs the jobs in order, through the same
+//! run as the blocking calls (`Shared::fill`), or, where they can be, as one
+//! pass that takes each queued job up as it goes (`chain.rs`), and tells the
 //! handle, through a [`TransferState`], when every copy is enqueued (with an
 //! event recorded after the last one: [`Transfer::then_on`]) and when the
 //! transfer has ended (its [`Report`] or error: [`Transfer::wait`], polling,
@@ -470,7 +471,7 @@ impl TransferState {
     }
 
     /// The transfer has ended with `result`.
-    fn finish(&self, result: Result<Report>) {
+    pub(super) fn finish(&self, result: Result<Report>) {
         let mut st = self.status();
         if st.phase == Phase::Finished {
             return;
@@ -541,22 +542,36 @@ impl Worker {
 }
 
 impl Shared {
-    /// The worker thread: runs the queued jobs one at a time until the queue closes.
+    /// The worker thread: runs the queued jobs, in order, until the queue closes.
     fn work(self: Arc<Self>, queue: Receiver<Job>) {
-        for job in queue {
+        // Jobs a chained pass took from the queue but did not run come first.
+        let queue = Mutex::new(queue);
+        let mut next = std::collections::VecDeque::new();
+        loop {
+            let job = match next.pop_front() {
+                Some(job) => job,
+                None => match lock(&queue).recv() {
+                    Ok(job) => job,
+                    Err(_) => break, // closed and empty
+                },
+            };
             let state = job.state.clone();
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(job)));
-            if let Err(p) = ran {
-                state.finish(Err(Error::WorkerPanicked { message: panic_message(p.as_ref()) }));
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if self.chains(&job) { self.run_chain(job, &queue) } else { self.run_job(job) }
+            }));
+            match ran {
+                Ok(jobs) => next.extend(jobs),
+                Err(p) => state.finish(Err(Error::WorkerPanicked { message: panic_message(p.as_ref()) })),
             }
         }
     }
 
-    fn run_job(&self, job: Job) {
+    fn run_job(&self, job: Job) -> Vec<Job> {
         let Job { file, range, dst, stream, after, state } = job;
         let enqueued = |streams: &[Stream]| state.enqueued(streams.get(stream));
         let res = self.fill("Streamer::start", &file, range, vec![(stream, dst)], after.as_ref(), Some(&enqueued));
         drop(after);
         state.finish(res);
+        Vec::new()
     }
 }

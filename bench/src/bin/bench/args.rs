@@ -128,17 +128,35 @@ pub struct Custom {
     pub copy_streams: wirespeed_pinned::CopyStreams,
     /// Run with the page cache dropped before each repetition, after the cold rows.
     pub cold: bool,
+    /// Stream the file as transfers of this many bytes (`Streamer::start`),
+    /// all queued at once (`true`: the streamer chains them into one pass)
+    /// or each waited for before the next starts (`false`).
+    pub spans: Option<(u64, bool)>,
 }
 
 /// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
 /// `windows:WINDOW,IN_FLIGHT`, `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G) or
-/// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`) and then
-/// `/cold` (the page cache dropped before each repetition).
+/// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`), then
+/// `/spans=SIZE` or `/spans=SIZE,wait` (transfers of SIZE bytes, queued at once or one at a
+/// time) and then `/cold` (the page cache dropped before each repetition).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
     use wirespeed_pinned::{CopyStreams, Strategy};
     let (v, cold) = match v.strip_suffix("/cold") {
         Some(rest) => (rest, true),
         None => (v, false),
+    };
+    let (v, spans) = match v.split_once("/spans=") {
+        Some((rest, spec)) => {
+            let (size, queued) = match spec.strip_suffix(",wait") {
+                Some(size) => (size, false),
+                None => (spec, true),
+            };
+            match parse_size(size)? {
+                0 => return Err(format!("{spec}: a span must hold at least one byte")),
+                n => (rest, Some((n, queued))),
+            }
+        }
+        None => (v, None),
     };
     let (spec, copy_streams) = match v.split_once("/streams=") {
         Some((spec, "one")) => (spec, CopyStreams::One),
@@ -148,7 +166,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         None => (v, CopyStreams::default()),
     };
     if spec == "auto" {
-        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold });
+        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold, spans });
     }
     let (kind, args) = spec.split_once(':').ok_or("give KIND:ARGS, e.g. hybrid:112M,4M,4")?;
     let a: Vec<&str> = args.split(',').map(str::trim).collect();
@@ -161,11 +179,11 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         ("windows", [w, k]) => Strategy::Windows { window: size(w)?, in_flight: count(k)? },
         _ => {
             return Err(format!(
-                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /streams=one|ring|thread, then /cold)"
+                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /streams=one|ring|thread, then /spans=SIZE[,wait], then /cold)"
             ));
         }
     };
-    Ok(Custom { strategy: s, copy_streams, cold })
+    Ok(Custom { strategy: s, copy_streams, cold, spans })
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
@@ -211,7 +229,9 @@ pub struct Options {
     /// windows:WINDOW,IN_FLIGHT, direct:SLOTS,SLOT,THREADS), run within the pin budget as
     /// `custom-1`, `custom-2`, ... after the others: for trying what `auto` could pick. `auto` and
     /// a `/streams=one|ring|thread` suffix (the streams the copies go on: the streamer's, a second
-    /// one for the ring threads, one per ring thread) and then `/cold` (the page cache dropped before
+    /// one for the ring threads, one per ring thread), then `/spans=SIZE` (the file as transfers of
+    /// SIZE bytes, all started at once: the streamer runs them as one pass) or `/spans=SIZE,wait`
+    /// (each waited for before the next starts) and then `/cold` (the page cache dropped before
     /// each repetition; such rows run after the cold rows) are accepted too
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
     pub custom: Vec<Custom>,

@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 use wirespeed_bench::cpu;
-use wirespeed_cuda::{DeviceBuffer, Event, EventOptions, PinnedBuffer, Stream};
+use wirespeed_cuda::{DeviceBuffer, DeviceSliceMut, Event, EventOptions, PinnedBuffer, Stream};
 use wirespeed_pinned::{PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 /// The chunk size of the baselines.
@@ -336,14 +336,80 @@ pub struct LibRun {
     pub reps: usize,
     /// `StreamConfig::copy_streams`.
     pub copy_streams: wirespeed_pinned::CopyStreams,
+    /// The range as transfers of this many bytes, queued at once or one at a
+    /// time (see `Custom::spans`).
+    pub spans: Option<(u64, bool)>,
 }
 
-fn transfer(streamer: &Streamer, data: &Data, range: &Range<u64>, target: &mut Dest) -> Result<Report> {
+fn transfer(
+    streamer: &Streamer,
+    data: &Data,
+    range: &Range<u64>,
+    target: &mut Dest,
+    spans: Option<(u64, bool)>,
+) -> Result<Report> {
+    if let Some((span, queued)) = spans {
+        return transfer_spans(streamer, data, range, target, span, queued);
+    }
     Ok(if target.scratch {
         streamer.to_scratch(&data.file, range.clone(), &mut target.buf)?
     } else {
         streamer.to_device(&data.file, range.clone(), &mut target.buf)?
     })
+}
+
+/// The range as transfers of `span` bytes into consecutive parts of the
+/// destination (`Streamer::start`): all started at once (`queued`: the
+/// streamer takes each into the running pass) or each waited for before the
+/// next starts. Answers the first transfer's report with the registrations
+/// of all, the highest peak, and `chained` when every later transfer was.
+fn transfer_spans(
+    streamer: &Streamer,
+    data: &Data,
+    range: &Range<u64>,
+    target: &mut Dest,
+    span: u64,
+    queued: bool,
+) -> Result<Report> {
+    let len = range.end - range.start;
+    if target.scratch || len > target.buf.len() as u64 {
+        return Err(Fatal::Run("spans need a destination as large as the range (not a scratch buffer)".into()));
+    }
+    let dev = target.buf.device();
+    let base = target.buf.as_raw_ptr();
+    let mut reports = Vec::new();
+    let mut pending = Vec::new();
+    let mut failed = None;
+    let mut off = 0;
+    while off < len && failed.is_none() {
+        let n = span.min(len - off);
+        // SAFETY: `base + off .. + n` lies inside the destination buffer
+        // (len <= its length), device memory of `dev` that outlives this
+        // function (borrowed by `target`); the parts are disjoint, each used
+        // by one transfer only, and every transfer started is waited for
+        // (below, on errors too) before this function returns and the
+        // buffer is read or freed.
+        let dst = unsafe { DeviceSliceMut::<u8>::from_raw_parts(base.wrapping_add(off as usize), n as usize, dev) };
+        let started = dst
+            .map_err(Fatal::from)
+            .and_then(|dst| Ok(streamer.start(&data.file, range.start + off..range.start + off + n, dst)?));
+        match started {
+            Ok(t) if queued => pending.push(t),
+            Ok(t) => reports.push(t.wait()),
+            Err(e) => failed = Some(e),
+        }
+        off += n;
+    }
+    reports.extend(pending.into_iter().map(|t| t.wait()));
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let reports = reports.into_iter().collect::<std::result::Result<Vec<Report>, _>>()?;
+    let mut first = reports.first().cloned().ok_or_else(|| Fatal::Run("an empty range".into()))?;
+    first.registrations = reports.iter().map(|r| r.registrations).sum();
+    first.peak_pinned = reports.iter().map(|r| r.peak_pinned).max().unwrap_or(0);
+    first.chained = reports.len() > 1 && reports[1..].iter().all(|r| r.chained);
+    Ok(first)
 }
 
 pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Result<Row> {
@@ -358,7 +424,9 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
                 if verify { PinBudget::new(spec.budget.limit().saturating_add(16 * MIB)) } else { spec.budget.clone() };
             let mut config = StreamConfig::new(spec.strategy, budget);
             config.verify = verify;
-            config.progress = Some(callback.clone());
+            // Transfers are chained into one pass only without a callback
+            // (its counts are one transfer's).
+            config.progress = if spec.spans.is_some() { None } else { Some(callback.clone()) };
             config.copy_streams = spec.copy_streams;
             Ok(Streamer::new(&[dev], config)?)
         };
@@ -375,7 +443,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             && spec.warm_up
         {
             b.progress.begin(&format!("{} (untimed first pass)", row.name), 1, 1);
-            let (rep, s) = timed(|| transfer(st, data, &spec.range, target))?;
+            let (rep, s) = timed(|| transfer(st, data, &spec.range, target, spec.spans))?;
             row.note("untimed first pass GB/s", format!("{:.2}", len as f64 / s.seconds / 1e9));
             if rep.registrations > 0 {
                 row.note("its registrations", rep.registrations.to_string());
@@ -400,13 +468,17 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             let (report, s) = timed(|| {
                 let fresh = if kept.is_none() { Some(make(false)?) } else { None };
                 let st = fresh.as_ref().or(kept.as_ref()).ok_or_else(|| Fatal::Run("no streamer".into()))?;
-                let r = transfer(st, data, &spec.range, target)?;
+                let r = transfer(st, data, &spec.range, target, spec.spans)?;
                 dev.synchronize()?;
                 drop(fresh); // a fresh streamer's teardown (unregistering) belongs to its pass
                 Ok(r)
             })?;
             row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
             regs += report.registrations;
+            if spec.spans.is_some() && rep + 1 == reps {
+                let chained = if report.chained { "yes" } else { "no" };
+                row.note("every later transfer ran in the first one's pass", chained.to_string());
+            }
             row.strategy = report.strategy.to_string();
             row.resolved = Some(report.strategy);
             b.sample_done(&mut row, s, reps);
@@ -419,7 +491,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             // lands, in one more pass, untimed.
             drop(kept);
             b.progress.begin(&format!("{} (untimed verifying pass)", row.name), 1, 1);
-            row.intact = match make(true).and_then(|st| transfer(&st, data, &spec.range, target)) {
+            row.intact = match make(true).and_then(|st| transfer(&st, data, &spec.range, target, spec.spans)) {
                 Ok(Report { verified: Some(ok), .. }) => Intact::Verified(ok),
                 Ok(_) => Intact::Unchecked("the library did not verify".into()),
                 Err(e) => Intact::Unchecked(format!("the verifying pass failed: {e}")),
@@ -594,6 +666,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         fresh: false,
         reps,
         copy_streams: wirespeed_pinned::CopyStreams::default(),
+        spans: None,
     };
 
     if sel("pageable") {
@@ -660,11 +733,19 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
             _ => ", a stream per ring thread",
         };
         let cold = if custom.cold { ", page cache dropped before each run" } else { "" };
-        let what =
-            format!("a strategy given with --strategy, within the {} pin budget{streams}{cold}", fmt_bytes(budget));
+        let spans = match custom.spans {
+            Some((n, true)) => format!(", as transfers of {} started at once (one pass)", fmt_bytes(n)),
+            Some((n, false)) => format!(", as transfers of {} started one after the other", fmt_bytes(n)),
+            None => String::new(),
+        };
+        let what = format!(
+            "a strategy given with --strategy, within the {} pin budget{streams}{spans}{cold}",
+            fmt_bytes(budget)
+        );
         let mut spec = lib(&format!("custom-{}", i + 1), what, custom.strategy, lim(), custom.cold);
         spec.reps = target_reps;
         spec.copy_streams = custom.copy_streams;
+        spec.spans = custom.spans;
         spec
     };
     for (i, custom) in customs.iter().filter(|(_, c)| !c.cold) {

@@ -1,0 +1,300 @@
+//! Transfers queued back to back, run as one pass.
+//!
+//! A pass has a ramp at each end: at the start the first window is being
+//! registered while the ring alone copies, at the end the ring alone copies
+//! the last windows' worth, and then the worker waits for the last copies
+//! before it starts the next transfer's agents. Transfers queued one after
+//! the other (the Python batch iterator's spans, a loader's slabs) would pay
+//! both ramps each time. So when the worker runs a transfer, the pass takes
+//! the transfers queued behind it as it goes ([`Feed`]): once the agents have
+//! claimed the current one, they go on with the next, the window agent from
+//! its front while the ring agents finish the one before, and the copy
+//! engine never waits between them.
+//!
+//! A queued transfer joins the running pass only when nothing would make it
+//! wait: it reads the same mapping at or after the end of the one before,
+//! what it must follow (`StartOptions::after`) has completed, and no earlier
+//! writer still holds its destination. Otherwise it ends the chain, and runs
+//! in the next pass as it would have. Each transfer keeps its own handle:
+//! its event is recorded once its last copy is enqueued
+//! ([`Transfer::then_on`](super::Transfer::then_on)), its destination
+//! released then, and its [`Report`] given once its copies completed, while
+//! the pass goes on with the next. If the pass fails, the transfers it had
+//! written to fail with it; those it had not written to yet run again on
+//! their own.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
+
+use super::pipeline::{Feed, TAIL_SPIN, wait_tail};
+use super::transfer::{Job, TransferState};
+use super::{CopyStreams, Report, Shared, WindowContext, lock};
+use crate::budget::PeakWatch;
+use crate::error::{Error, Result};
+use crate::mapping::MappedFile;
+use crate::sink::{Sink, Slicer, StreamMask};
+use crate::strategy::Strategy;
+use crate::util::process_cpu_seconds;
+
+/// One transfer of a chained pass.
+struct Segment {
+    range: Range<u64>,
+    /// The index of its destination's stream.
+    stream: usize,
+    /// Its destination, until its last copy is enqueued (then released).
+    dst: Option<DetachedSliceMut<u8>>,
+    /// Bytes whose copies are not enqueued yet.
+    left: u64,
+    state: Arc<TransferState>,
+    /// When the pass took it up.
+    t0: Instant,
+    cpu0: f64,
+    registrations0: u64,
+    watch: PeakWatch,
+    /// Its handle was told how it ended (or it went back to the queue).
+    finished: bool,
+    chained: bool,
+}
+
+impl Segment {
+    fn new(job: Job, chained: bool, budget: &crate::PinBudget, registrations0: u64) -> Segment {
+        let Job { file: _, range, dst, stream, after: _, state } = job;
+        Segment {
+            left: range.end - range.start,
+            range,
+            stream,
+            dst: Some(dst),
+            state,
+            t0: Instant::now(),
+            cpu0: process_cpu_seconds(),
+            registrations0,
+            watch: budget.watch(),
+            finished: false,
+            chained,
+        }
+    }
+
+    fn finish(&mut self, result: Result<Report>) {
+        self.finished = true;
+        self.state.finish(result);
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Only on a panic of the worker itself: never leave a handle waiting.
+            self.state.finish(Err(Error::WorkerPanicked { message: "the pass running the transfer ended".into() }));
+        }
+    }
+}
+
+/// What the pass and its sink share: the transfers taken so far, and where
+/// more come from.
+pub(super) struct Chain<'q> {
+    file: Arc<MappedFile>,
+    queue: &'q Mutex<Receiver<Job>>,
+    budget: &'q crate::PinBudget,
+    segments: Mutex<Vec<Segment>>,
+    /// The job taken from the queue that could not join: it runs next.
+    leftover: Mutex<Option<Job>>,
+    /// The pass's strategy, window context and registration count, once it began.
+    pass: OnceLock<(Strategy, WindowContext, Arc<AtomicU64>)>,
+}
+
+impl Chain<'_> {
+    fn registrations(&self) -> u64 {
+        self.pass.get().map_or(0, |(_, _, r)| r.load(Ordering::Relaxed))
+    }
+
+    /// Whether `job` can join the pass after a range ending at `end` now.
+    fn joins(&self, job: &Job, end: u64) -> bool {
+        Arc::ptr_eq(&job.file, &self.file)
+            && job.range.start >= end
+            && job.range.start < job.range.end
+            && job.after.as_ref().is_none_or(|ev| ev.query().unwrap_or(false))
+            && job.dst.is_settled()
+    }
+}
+
+impl Feed for Chain<'_> {
+    fn next_range(&self, end: u64) -> Option<Range<u64>> {
+        let mut leftover = lock(&self.leftover);
+        if leftover.is_some() {
+            return None;
+        }
+        let job = lock(self.queue).try_recv().ok()?;
+        if !self.joins(&job, end) {
+            *leftover = Some(job);
+            return None;
+        }
+        let range = job.range.clone();
+        let seg = Segment::new(job, true, self.budget, self.registrations());
+        lock(&self.segments).push(seg);
+        Some(range)
+    }
+}
+
+/// A transfer's last copy is enqueued: wait for `event`, then report.
+pub(super) struct Landed {
+    index: usize,
+    event: Event,
+}
+
+/// The sink of a chained pass: each piece goes to the destination of the
+/// transfer whose range holds it.
+pub(super) struct ChainSink<'c, 'q> {
+    chain: &'c Chain<'q>,
+}
+
+/// The transfer whose range holds `off` (ranges are in order, apart).
+fn find(segments: &[Segment], off: u64) -> Option<usize> {
+    let i = segments.partition_point(|s| s.range.end <= off);
+    segments.get(i).filter(|s| s.range.start <= off).map(|_| i)
+}
+
+impl Sink for ChainSink<'_, '_> {
+    type Msg = Landed;
+    const SILENT: bool = false;
+
+    fn streams_for(&self, off: u64, _len: u64) -> StreamMask {
+        let segments = lock(&self.chain.segments);
+        find(&segments, off).map_or(0, |i| 1 << segments[i].stream)
+    }
+
+    fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, out: &mut Vec<Landed>) -> Result<()> {
+        let mut segments = lock(&self.chain.segments);
+        let index = find(&segments, off).ok_or_else(|| Error::invalid("chain", format!("no transfer holds {off}")))?;
+        let seg = &mut segments[index];
+        if off + len as u64 > seg.range.end {
+            return Err(Error::invalid("chain", "a piece crosses the end of its transfer"));
+        }
+        let stream = streams.get(seg.stream).ok_or_else(|| Error::invalid("chain", "no stream"))?;
+        let dst = seg.dst.as_mut().ok_or_else(|| Error::invalid("chain", "the transfer was already written"))?;
+        let at = (off - seg.range.start) as usize;
+        let piece = src.slice(0..len)?;
+        stream.copy_to_device(&piece, &mut dst.slice_mut(at..at + len)?)?.detach();
+        seg.left = seg.left.saturating_sub(len as u64);
+        if seg.left == 0 {
+            // Every copy of this transfer is enqueued, on this one stream, before these.
+            seg.state.enqueued(Some(stream))?;
+            let event = Event::new(&stream.device(), EventOptions { timing: false, blocking_sync: true })?;
+            stream.record(&event)?;
+            seg.dst = None; // released: its owner now knows every copy
+            out.push(Landed { index, event });
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self, strategy: Strategy, windows: &WindowContext, registrations: &Arc<AtomicU64>) {
+        let _ = self.chain.pass.set((strategy, windows.clone(), Arc::clone(registrations)));
+    }
+}
+
+impl Shared {
+    /// Whether `job` runs as the first transfer of a chained pass: when its
+    /// strategy streams through windows or the ring (`Auto` does for a range
+    /// larger than the budget, unless cold), and not with what needs a pass
+    /// to itself (verifying, a progress callback counting one range) or with
+    /// copy streams per agent.
+    pub(super) fn chains(&self, job: &Job) -> bool {
+        let c = &self.config;
+        let streams = matches!(c.strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. })
+            || (c.strategy == Strategy::Auto && job.range.end - job.range.start > c.budget.limit());
+        streams && !c.verify && c.progress.is_none() && c.copy_streams == CopyStreams::One
+    }
+
+    /// Runs `job` as the first transfer of a pass that takes the transfers
+    /// queued behind it from `queue` as it goes; answers the jobs to run next
+    /// (taken from the queue but not run), in order.
+    pub(super) fn run_chain(&self, job: Job, queue: &Mutex<Receiver<Job>>) -> Vec<Job> {
+        let mut job = job;
+        job.dst.settle();
+        let chain = Chain {
+            file: Arc::clone(&job.file),
+            queue,
+            budget: &self.config.budget,
+            segments: Mutex::new(Vec::new()),
+            leftover: Mutex::new(None),
+            pass: OnceLock::new(),
+        };
+        let range = job.range.clone();
+        let after = job.after.take();
+        lock(&chain.segments).push(Segment::new(job, false, &self.config.budget, 0));
+        let res = self.chain_pass(&chain, range, after.as_ref());
+        drop(after);
+
+        let mut segments = std::mem::take(&mut *lock(&chain.segments));
+        let mut next = Vec::new();
+        let mut err = res.err();
+        for seg in &mut segments {
+            if seg.finished {
+                continue;
+            }
+            let untouched = seg.left == seg.range.end - seg.range.start;
+            match (seg.dst.take(), err.take()) {
+                // Not written to: it runs again on its own.
+                (Some(dst), e) if untouched && seg.chained => {
+                    err = e;
+                    seg.finished = true;
+                    let (file, range, stream) = (Arc::clone(&chain.file), seg.range.clone(), seg.stream);
+                    next.push(Job { file, range, dst, stream, after: None, state: Arc::clone(&seg.state) });
+                }
+                (_, Some(e)) => {
+                    let message = e.to_string();
+                    seg.finish(Err(e));
+                    err = Some(Error::TransferFailed {
+                        message: format!("an earlier transfer of its pass failed: {message}"),
+                    });
+                }
+                (_, None) => {
+                    let message = "its pass ended before its copies were".to_string();
+                    seg.finish(Err(Error::TransferFailed { message }));
+                }
+            }
+        }
+        next.extend(lock(&chain.leftover).take());
+        next
+    }
+
+    /// The pass: the first transfer's checks and ordering, then the run, fed
+    /// by `chain`, reporting each transfer as its copies complete.
+    fn chain_pass(&self, chain: &Chain<'_>, range: Range<u64>, after: Option<&Event>) -> Result<()> {
+        let (_owner, mut st) = self.enter("Streamer::start")?;
+        let stream = lock(&chain.segments).first().map(|s| s.stream).unwrap_or(0);
+        if let Some(ev) = after {
+            self.streams.get(stream).ok_or_else(|| Error::invalid("chain", "no stream"))?.wait_event(ev)?;
+        }
+        let sink = ChainSink { chain };
+        let on_landed = |Landed { index, event }: Landed| -> Result<()> {
+            wait_tail(&event, TAIL_SPIN)?;
+            let (strategy, windows) = match chain.pass.get() {
+                Some((s, w, _)) => (*s, w.clone()),
+                None => return Err(Error::invalid("chain", "a transfer landed before its pass began")),
+            };
+            let registrations = chain.registrations();
+            let mut segments = lock(&chain.segments);
+            let seg = segments.get_mut(index).ok_or_else(|| Error::invalid("chain", "no such transfer"))?;
+            let report = Report {
+                strategy,
+                bytes: seg.range.end - seg.range.start,
+                seconds: seg.t0.elapsed().as_secs_f64(),
+                cpu_seconds: (process_cpu_seconds() - seg.cpu0).max(0.0),
+                peak_pinned: seg.watch.peak(),
+                registrations: registrations.saturating_sub(seg.registrations0),
+                verified: None,
+                windows,
+                chained: seg.chained,
+            };
+            seg.finish(Ok(report));
+            Ok(())
+        };
+        self.run_fed(&mut st, &Arc::clone(&chain.file), range, sink, on_landed, Some(chain))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! Transfers queued back to back on one streamer run as one pass: the agents
+//! go on from one transfer to the next with no drain between them, each
+//! transfer still gets its own data, event and report, and a transfer that
+//! cannot join (another file, a range behind the last one, an `after` not
+//! completed) runs in the next pass as it would have. A pass that fails fails
+//! the transfers it wrote to, and those it had not touched run on their own.
+//!
+//! Each test first holds the streamer's pass behind a gate (a host function
+//! on the caller's stream that the first transfer is ordered after), so that
+//! the later transfers are queued while the first one is still being
+//! claimed: what joins the pass is then the same on every run and on both
+//! runtimes. No timing is asserted.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Sender, channel};
+
+use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+use wirespeed_pinned::{Error, MappedFile, PinBudget, Report, StartOptions, Strategy, StreamConfig, Streamer};
+use wirespeed_tests::{TempDir, Watchdog, open_mapped, start, start_emulated, write_pattern_file};
+
+/// Bytes per transfer: more than any strategy below keeps in flight, and
+/// not a multiple of a window, a slot or a page.
+const SPAN: usize = (2 << 20) + 4096 + 40;
+const SPANS: usize = 4;
+
+/// The strategies whose passes take queued transfers.
+fn strategies() -> [Strategy; 3] {
+    [
+        Strategy::Hybrid { window: 256 << 10, slot: 64 << 10, threads: 2 },
+        Strategy::Windows { window: 256 << 10, in_flight: 2 },
+        Strategy::Ring { slots: 4, slot: 128 << 10, threads: 2 },
+    ]
+}
+
+fn data_file(dir: &TempDir, seed: u64, len: usize) -> (Arc<MappedFile>, Vec<u8>) {
+    let path = dir.join(&format!("chain-{seed}.bin"));
+    let data = write_pattern_file(&path, seed, len);
+    (open_mapped(&path).unwrap(), data)
+}
+
+/// A host function on `stream` that waits until the sender is used or
+/// dropped. While it waits, nothing that waits for every stream (freeing
+/// memory) may run.
+fn gate(stream: &Stream) -> Sender<()> {
+    let (tx, rx) = channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = rx.recv();
+        })
+        .unwrap();
+    tx
+}
+
+/// A first pass, so that the streamer holds its ring before a gate closes:
+/// freeing pinned memory (making the ring) waits for every stream, the
+/// gated one too.
+fn warm_up(s: &Streamer, file: &Arc<MappedFile>, buf: &mut DeviceBuffer<u8>) {
+    s.to_device(file, span(0), buf).unwrap();
+}
+
+fn span(i: usize) -> std::ops::Range<u64> {
+    (i * SPAN) as u64..((i + 1) * SPAN) as u64
+}
+
+#[test]
+fn queued_transfers_run_as_one_pass_each_with_its_own_report() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-one-pass");
+    let (file, data) = data_file(&dir, 31, SPANS * SPAN + 777);
+    let dev = Device::get(0).unwrap();
+    t.set_delay_us(20);
+    for strategy in strategies() {
+        let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
+        let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+        warm_up(&s, &file, &mut bufs[0]);
+        let mine = Stream::new(&dev).unwrap();
+        let open = gate(&mine);
+        let mut transfers = Vec::new();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let options = if i == 0 { StartOptions::new().after(&mine) } else { StartOptions::new() };
+            transfers.push(s.start_with(&file, span(i), b, options).unwrap());
+        }
+        open.send(()).unwrap();
+        let reports: Vec<Report> = transfers.into_iter().map(|tr| tr.wait().unwrap()).collect();
+        for (i, r) in reports.iter().enumerate() {
+            assert_eq!(r.bytes, SPAN as u64, "{strategy}: transfer {i}");
+            assert_eq!(r.strategy, strategy, "{strategy}: transfer {i}");
+            // The first began the pass; the others were queued while it was
+            // held at the gate, so the pass took each of them.
+            assert_eq!(r.chained, i > 0, "{strategy}: transfer {i}: {r}");
+            assert!(r.seconds > 0.0, "{strategy}: transfer {i}");
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.to_vec().unwrap() == data[i * SPAN..(i + 1) * SPAN], "{strategy}: transfer {i}'s data");
+        }
+        drop(s);
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn a_transfer_that_cannot_join_runs_in_the_next_pass() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-cannot-join");
+    let (f1, d1) = data_file(&dir, 32, SPANS * SPAN);
+    let (f2, d2) = data_file(&dir, 33, SPAN);
+    let dev = Device::get(0).unwrap();
+    t.set_delay_us(20);
+    let strategy = Strategy::Hybrid { window: 256 << 10, slot: 64 << 10, threads: 2 };
+    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
+    let mut bufs: Vec<DeviceBuffer<u8>> = (0..6).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+    warm_up(&s, &f1, &mut bufs[0]);
+    let (mine, later) = (Stream::new(&dev).unwrap(), Stream::new(&dev).unwrap());
+    let open = gate(&mine);
+    let open_later = gate(&later);
+    let [b0, b1, b2, b3, b4, b5] = &mut bufs[..] else { unreachable!() };
+    let t0 = s.start_with(&f1, span(1), b0, StartOptions::new().after(&mine)).unwrap();
+    let t1 = s.start(&f1, span(2), b1).unwrap(); // joins
+    let t2 = s.start(&f2, span(0), b2).unwrap(); // another file: the next pass
+    let t3 = s.start(&f1, span(0), b3).unwrap(); // behind the last range: the next pass
+    let t4 = s.start_with(&f1, span(1), b4, StartOptions::new().after(&later)).unwrap(); // not completed
+    let t5 = s.start(&f1, span(3), b5).unwrap();
+    open.send(()).unwrap();
+    let (r0, r1, r2, r3) = (t0.wait().unwrap(), t1.wait().unwrap(), t2.wait().unwrap(), t3.wait().unwrap());
+    assert!(!r0.chained && r1.chained && !r2.chained && !r3.chained, "{r0}\n{r1}\n{r2}\n{r3}");
+    // t4 waits for the later gate in a pass of its own, t5 may join it.
+    open_later.send(()).unwrap();
+    let (r4, r5) = (t4.wait().unwrap(), t5.wait().unwrap());
+    assert!(!r4.chained, "{r4}");
+    let _ = r5;
+    let want =
+        [&d1[SPAN..2 * SPAN], &d1[2 * SPAN..3 * SPAN], &d2[..], &d1[..SPAN], &d1[SPAN..2 * SPAN], &d1[3 * SPAN..]];
+    for (i, (b, w)) in bufs.iter().zip(want).enumerate() {
+        assert!(b.to_vec().unwrap() == w, "transfer {i}'s data");
+    }
+    drop((s, bufs, mine, later));
+    t.assert_clean();
+}
+
+#[test]
+fn a_failed_pass_fails_what_it_wrote_and_runs_the_rest_on_their_own() {
+    const UNKNOWN: u32 = 999;
+    let t = start_emulated();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-failure");
+    let (file, data) = data_file(&dir, 34, SPANS * SPAN);
+    let dev = Device::get(0).unwrap();
+    let strategy = Strategy::Ring { slots: 4, slot: 1 << 20, threads: 1 };
+    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
+    let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+    warm_up(&s, &file, &mut bufs[0]);
+    let mine = Stream::new(&dev).unwrap();
+    let open = gate(&mine);
+    let mut transfers = Vec::new();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let options = if i == 0 { StartOptions::new().after(&mine) } else { StartOptions::new() };
+        transfers.push(s.start_with(&file, span(i), b, options).unwrap());
+    }
+    // Three copies per transfer (slots of 1 MiB, one thread, in order): the
+    // fifth is the second of transfer 1.
+    assert!(t.emu().inject_fault("cudaMemcpyAsync", 5, UNKNOWN, false));
+    open.send(()).unwrap();
+    let results: Vec<_> = transfers.into_iter().map(|tr| tr.wait()).collect();
+    t.emu().reset();
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    match &results[1] {
+        Err(e @ Error::Cuda(_)) => assert_eq!(e.cuda_call(), Some("cudaMemcpyAsync"), "{e}"),
+        other => panic!("transfer 1: {other:?}"),
+    }
+    // Transfer 2 was not touched: it runs after the failed pass, in a pass
+    // of its own (which transfer 3 may join).
+    let r2 = results[2].as_ref().unwrap_or_else(|e| panic!("transfer 2: {e}"));
+    assert!(!r2.chained, "{r2}");
+    assert!(results[3].is_ok(), "{:?}", results[3]);
+    for i in [0, 2, 3] {
+        assert!(bufs[i].to_vec().unwrap() == data[i * SPAN..(i + 1) * SPAN], "transfer {i}'s data");
+    }
+    drop((s, bufs, mine));
+    t.assert_clean();
+}
