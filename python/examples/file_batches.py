@@ -107,7 +107,8 @@ def main():
             print(f"batches span {span_mib} MiB pass {rep + 1}: {gbps:7.2f} GB/s  {cpu / (size / 1e9):.4f} CPU s/GB  "
                   f"{verdict if off == size else 'SHORT'}  [{len(reports)} transfers of "
                   f"{'/'.join(str(n >> 20) for n in sorted({n for _, n in it.spans}))} MiB, "
-                  f"{sum(r.registrations for r in reports)} registrations, {'; '.join(strategies)}]")
+                  f"{sum(r.registrations for r in reports)} registrations, "
+                  f"{sum(r.chained for r in reports)} chained to the one before, {'; '.join(strategies)}]")
             ok &= off == size
             if rep > 0 or args.passes == 1:
                 best[span_mib] = max(best.get(span_mib, 0.0), gbps)

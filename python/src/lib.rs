@@ -337,6 +337,8 @@ struct Summary {
     registrations: u64,
     /// The most bytes pinned at once meanwhile.
     peak_pinned: u64,
+    /// It ran in the pass of the transfer queued before it.
+    chained: bool,
     text: String,
 }
 
@@ -359,6 +361,7 @@ impl From<&Report> for Summary {
             cpu_seconds: r.cpu_seconds,
             registrations: r.registrations,
             peak_pinned: r.peak_pinned,
+            chained: r.chained,
             text: r.to_string(),
         }
     }
@@ -456,6 +459,13 @@ impl PyReport {
     #[getter]
     fn registrations(&self, py: Python<'_>) -> PyResult<u64> {
         Ok(self.settled(py)?.registrations)
+    }
+    /// True when the transfer ran in the same pass as the one queued before
+    /// it (the batch iterator's spans do when the next is queued in time):
+    /// no pause between them (waits for it).
+    #[getter]
+    fn chained(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.settled(py)?.chained)
     }
     /// The most bytes the streamer had pinned at once during the transfer,
     /// its kept ring and registrations included (waits for it).
@@ -648,6 +658,7 @@ fn read_host(
         cpu_seconds: cpu,
         registrations: 0,
         peak_pinned: 2 * CHUNK as u64,
+        chained: false,
         text,
     };
     Ok(PyReport { bytes: nbytes as u64, device: Some(dev), inner: ReportState::Done(report) })

@@ -15,6 +15,14 @@
 //! anyone: a window is unregistered only after the events of every copy that
 //! reads it completed, which [`PinnedRange`]'s registration enforces (its
 //! release waits on the fence every copy records into).
+//!
+//! One thread registers. Measured on the H200 (a 4 GiB page-cached file, a
+//! 512 MiB budget, the hybrid of 111 MiB windows and a 4-thread ring, two
+//! rounds in one call): with two threads registering windows side by side,
+//! sharing the windows in flight, the hybrid reached 0.80-0.83 of the line
+//! rate where one reached 0.85-0.87, three 0.77-0.78, and two with a 2-thread
+//! ring 0.65: registering does not go faster with more threads, and the
+//! extra windows only hold more memory pinned.
 
 use std::collections::VecDeque;
 use std::sync::RwLock;
