@@ -604,15 +604,6 @@ impl<'f> Claims<'f> {
         }
     }
 
-    /// Gives the front claim back from `from` on (the window agent, the only
-    /// one claiming from the front, cut its last claim short there).
-    pub(super) fn unclaim_front(&self, from: u64, claimed_end: u64) {
-        let mut c = lock(&self.cursor);
-        if let Some(p) = c.parts.iter_mut().find(|p| p.start == claimed_end && from < claimed_end) {
-            p.start = from;
-        }
-    }
-
     pub(super) fn back(&self, size: u64) -> Option<Range<u64>> {
         let mut g = lock(&self.cursor);
         let c = &mut *g;

@@ -112,6 +112,10 @@ fn claim_windows<S: Sink>(
     queue: &mut Queue,
 ) -> Result<()> {
     let mut out = Vec::new();
+    // The part of the last claim after a live registration's edge: the agent
+    // streams it next itself (given back to the claims, it could be left
+    // there by ring agents that had already found them empty and stopped).
+    let mut rest: Option<std::ops::Range<u64>> = None;
     while !ctx.aborted() {
         let leave = match src {
             WindowSrc::Register { leave, .. } => leave,
@@ -124,7 +128,13 @@ fn claim_windows<S: Sink>(
             // those unregisters are the tail: 107 MiB take about 3 ms).
             queue.retire_done(ctx)?;
         }
-        let Some(r) = claims.front_leaving(src.size(), leave) else { break };
+        let r = match rest.take() {
+            Some(r) => r,
+            None => {
+                let Some(r) = claims.front_leaving(src.size(), leave) else { break };
+                r
+            }
+        };
         if queue.is_full() {
             // In the primary context `cudaHostUnregister` waits for every copy
             // in flight on the device (measured on the H200), so retiring one
@@ -140,7 +150,11 @@ fn claim_windows<S: Sink>(
             queue.retire_batch(ctx, batch)?;
         }
         let r = match src {
-            WindowSrc::Register { .. } => fit_to_live(ctx, claims, r),
+            WindowSrc::Register { .. } => {
+                let (now, later) = fit_to_live(ctx, r);
+                rest = later;
+                now
+            }
             WindowSrc::Whole { .. } => r,
         };
         let len = r.end - r.start;
@@ -187,25 +201,27 @@ fn claim_windows<S: Sink>(
     Ok(())
 }
 
+/// A window to stream now, and the rest of its claim to stream next.
+type Cut = (std::ops::Range<u64>, Option<std::ops::Range<u64>>);
+
 /// Cuts window `r` at the edges of a live registration of the same pages (a
-/// caller's own [`PinnedRange`], say), giving the rest back to the claims: a
-/// window then lies either wholly inside it (and shares it, registering
-/// nothing) or wholly outside it (and shares no page with it), never across
-/// its edge, which CUDA would refuse.
-fn fit_to_live(ctx: &Ctx<'_>, claims: &Claims, r: std::ops::Range<u64>) -> std::ops::Range<u64> {
+/// caller's own [`PinnedRange`], say): answers the window to stream now and
+/// the rest of `r`, if any, to stream next. A window then lies either wholly
+/// inside it (and shares it, registering nothing) or wholly outside it (and
+/// shares no page with it), never across its edge, which CUDA would refuse.
+fn fit_to_live(ctx: &Ctx<'_>, r: std::ops::Range<u64>) -> Cut {
     let page = crate::util::page_size();
     let pages = crate::util::align_down(r.start, page)..crate::util::align_up(r.end, page);
-    let Some(live) = ctx.file.registry.first_live_overlap(&pages) else { return r };
+    let Some(live) = ctx.file.registry.first_live_overlap(&pages) else { return (r, None) };
     let cut = if live.start <= pages.start {
         live.end.min(r.end) // r starts inside: its part inside that registration
     } else {
         live.start // r starts before it: up to its first page
     };
     if cut > r.start && cut < r.end {
-        claims.unclaim_front(cut, r.end);
-        return r.start..cut;
+        return (r.start..cut, Some(cut..r.end));
     }
-    r
+    (r, None)
 }
 
 /// Registers window `r` (on the streamer's device unless portable), counting
