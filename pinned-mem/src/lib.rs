@@ -102,5 +102,7 @@ pub use memlock::{memlock_headroom, memlock_limit};
 pub use range::{PinOptions, PinnedRange};
 pub use ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing, SlotSource};
 pub use strategy::Strategy;
-pub use streamer::{CopyStreams, Progress, Report, StartOptions, StreamConfig, Streamer, Transfer, WindowContext};
+pub use streamer::{
+    Breakdown, CopyStreams, Progress, Report, StartOptions, StreamConfig, Streamer, Transfer, WindowContext,
+};
 pub use util::Bytes;

@@ -69,12 +69,12 @@ pub(crate) trait Sink: Send + Sync {
         None
     }
     /// The pass is about to start its agents with `strategy`, windows in
-    /// `windows`, counting its registrations in `registrations`.
+    /// `windows`, counting what its agents do in `stats`.
     fn begin(
         &mut self,
         _strategy: crate::Strategy,
         _windows: &crate::WindowContext,
-        _registrations: &std::sync::Arc<AtomicU64>,
+        _stats: &std::sync::Arc<crate::streamer::PassStats>,
     ) {
     }
     /// True when pieces may be put by several agents at once, each through a

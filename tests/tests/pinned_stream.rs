@@ -107,6 +107,21 @@ fn check_report(r: &Report, strategy: Strategy, bytes: u64, budget: &PinBudget) 
     assert!(r.seconds >= 0.0 && r.cpu_seconds >= 0.0 && r.gbps() >= 0.0);
     assert!(r.peak_pinned <= budget.limit(), "{r}");
     assert!(r.to_string().starts_with(&r.strategy.to_string()));
+    // Every byte is counted once, in place or through the ring, and the steps
+    // of the strategy that ran were timed.
+    let b = &r.breakdown;
+    assert_eq!(b.in_place_bytes + b.ring_bytes, bytes, "{r}: {b}");
+    match r.strategy {
+        Strategy::Ring { .. } | Strategy::Direct { .. } => {
+            assert_eq!(b.in_place_bytes, 0, "{b}");
+            assert!(b.fill_seconds > 0.0 && b.register_seconds == 0.0, "{b}");
+        }
+        Strategy::Windows { .. } | Strategy::WholeFile => assert_eq!(b.ring_bytes, 0, "{b}"),
+        _ => {}
+    }
+    if r.registrations > 0 {
+        assert!(b.register_seconds > 0.0, "{r}: {b}");
+    }
 }
 
 #[test]

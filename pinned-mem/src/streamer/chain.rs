@@ -24,7 +24,6 @@
 //! their own.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -32,8 +31,9 @@ use std::time::Instant;
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
 use super::pipeline::{Feed, TAIL_SPIN, wait_tail};
+use super::stats::PassStats;
 use super::transfer::{Job, TransferState};
-use super::{CopyStreams, Report, Shared, WindowContext, lock};
+use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock};
 use crate::budget::PeakWatch;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
@@ -54,7 +54,9 @@ struct Segment {
     /// When the pass took it up.
     t0: Instant,
     cpu0: f64,
+    /// The pass's counts when it took this transfer up.
     registrations0: u64,
+    stats0: Breakdown,
     watch: PeakWatch,
     /// Its handle was told how it ended (or it went back to the queue).
     finished: bool,
@@ -62,7 +64,8 @@ struct Segment {
 }
 
 impl Segment {
-    fn new(job: Job, chained: bool, budget: &crate::PinBudget, registrations0: u64) -> Segment {
+    fn new(job: Job, chained: bool, budget: &crate::PinBudget, counts0: (u64, Breakdown)) -> Segment {
+        let (registrations0, stats0) = counts0;
         let Job { file: _, range, dst, stream, after: _, state } = job;
         Segment {
             left: range.end - range.start,
@@ -73,6 +76,7 @@ impl Segment {
             t0: Instant::now(),
             cpu0: process_cpu_seconds(),
             registrations0,
+            stats0,
             watch: budget.watch(),
             finished: false,
             chained,
@@ -103,13 +107,14 @@ pub(super) struct Chain<'q> {
     segments: Mutex<Vec<Segment>>,
     /// The job taken from the queue that could not join: it runs next.
     leftover: Mutex<Option<Job>>,
-    /// The pass's strategy, window context and registration count, once it began.
-    pass: OnceLock<(Strategy, WindowContext, Arc<AtomicU64>)>,
+    /// The pass's strategy, window context and counters, once it began.
+    pass: OnceLock<(Strategy, WindowContext, Arc<PassStats>)>,
 }
 
 impl Chain<'_> {
-    fn registrations(&self) -> u64 {
-        self.pass.get().map_or(0, |(_, _, r)| r.load(Ordering::Relaxed))
+    /// The pass's registrations and breakdown so far.
+    fn counts(&self) -> (u64, Breakdown) {
+        self.pass.get().map_or((0, Breakdown::default()), |(_, _, s)| (s.registrations(), s.snapshot()))
     }
 
     /// Whether `job` can join the pass after a range ending at `end` now.
@@ -134,7 +139,7 @@ impl Feed for Chain<'_> {
             return None;
         }
         let range = job.range.clone();
-        let seg = Segment::new(job, true, self.budget, self.registrations());
+        let seg = Segment::new(job, true, self.budget, self.counts());
         lock(&self.segments).push(seg);
         Some(range)
     }
@@ -191,8 +196,8 @@ impl Sink for ChainSink<'_, '_> {
         Ok(())
     }
 
-    fn begin(&mut self, strategy: Strategy, windows: &WindowContext, registrations: &Arc<AtomicU64>) {
-        let _ = self.chain.pass.set((strategy, windows.clone(), Arc::clone(registrations)));
+    fn begin(&mut self, strategy: Strategy, windows: &WindowContext, stats: &Arc<PassStats>) {
+        let _ = self.chain.pass.set((strategy, windows.clone(), Arc::clone(stats)));
     }
 }
 
@@ -225,7 +230,7 @@ impl Shared {
         };
         let range = job.range.clone();
         let after = job.after.take();
-        lock(&chain.segments).push(Segment::new(job, false, &self.config.budget, 0));
+        lock(&chain.segments).push(Segment::new(job, false, &self.config.budget, (0, Breakdown::default())));
         let res = self.chain_pass(&chain, range, after.as_ref());
         drop(after);
 
@@ -277,7 +282,7 @@ impl Shared {
                 Some((s, w, _)) => (*s, w.clone()),
                 None => return Err(Error::invalid("chain", "a transfer landed before its pass began")),
             };
-            let registrations = chain.registrations();
+            let (registrations, stats) = chain.counts();
             let mut segments = lock(&chain.segments);
             let seg = segments.get_mut(index).ok_or_else(|| Error::invalid("chain", "no such transfer"))?;
             let report = Report {
@@ -290,6 +295,7 @@ impl Shared {
                 verified: None,
                 windows,
                 chained: seg.chained,
+                breakdown: stats.since(&seg.stats0),
             };
             seg.finish(Ok(report));
             Ok(())

@@ -35,7 +35,8 @@
 //!   [`Streamer::resolve`], [`Streamer::release_pins`], the transfers), so
 //!   that its documentation reads in one order; the state it shares with its
 //!   worker thread (`Shared`), which every other file works on;
-//! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`];
+//! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`]
+//!   and its [`Breakdown`]; `stats.rs`: the counters a pass's agents add to;
 //! * `transfer.rs`: transfers that do not block ([`Streamer::start`]): the
 //!   [`Transfer`] handle, [`StartOptions`], and the worker thread that runs
 //!   them in order;
@@ -73,6 +74,7 @@ mod pipeline;
 mod plan;
 mod report;
 mod ring;
+mod stats;
 mod transfer;
 mod whole;
 mod windows;
@@ -81,7 +83,8 @@ use cache::{State, kept};
 use plan::check_range;
 
 pub use config::{CopyStreams, Progress, StreamConfig};
-pub use report::{Report, WindowContext};
+pub use report::{Breakdown, Report, WindowContext};
+pub(crate) use stats::PassStats;
 pub use transfer::{StartOptions, Transfer};
 
 use transfer::{Job, TransferState, Worker};

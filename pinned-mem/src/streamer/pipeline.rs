@@ -17,8 +17,9 @@ use super::cache::{State, drop_overlapping};
 use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
 use super::ring::{AgentLane, Fill, ring_agent};
+use super::stats::PassStats;
 use super::windows::{WindowSrc, window_agent};
-use super::{CopyStreams, Report, Shared, WindowContext, lock, write};
+use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock, write};
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
@@ -85,7 +86,7 @@ impl Shared {
         let strategy = if len == 0 { self.config.strategy.normalized()? } else { self.pick(st, file, &range)? };
         let watch = self.config.budget.watch();
         let (t0, cpu0) = (Instant::now(), process_cpu_seconds());
-        let registrations = Arc::new(AtomicU64::new(0));
+        let stats = Arc::new(PassStats::default());
         if len == 0 {
             let report = Report {
                 strategy,
@@ -97,13 +98,14 @@ impl Shared {
                 verified: sink.verified(),
                 windows: WindowContext::None,
                 chained: false,
+                breakdown: Breakdown::default(),
             };
             return Ok((report, sink));
         }
 
         // Prepare what the strategy pins, within the budget, before any copy.
         self.check_fits(st, file, &range, strategy)?;
-        let (strategy, held) = match self.prepare(st, file, &range, strategy, &registrations) {
+        let (strategy, held) = match self.prepare(st, file, &range, strategy, &stats) {
             // Someone else (the caller's own `PinnedRange`, say) holds a
             // registration across the range's edge: one registration of the
             // range cannot be made, so this pass runs as sliding windows, cut
@@ -114,7 +116,7 @@ impl Shared {
                 let window = (self.config.budget.available() / 2 / page * page).clamp(page, 256 << 20) as usize;
                 let windows = Strategy::Windows { window, in_flight: 2 };
                 self.check_fits(st, file, &range, windows)?;
-                (windows, self.prepare(st, file, &range, windows, &registrations)?)
+                (windows, self.prepare(st, file, &range, windows, &stats)?)
             }
             other => (strategy, other?),
         };
@@ -124,14 +126,14 @@ impl Shared {
             Strategy::Windows { .. } | Strategy::Hybrid { .. } => self.window_context(),
             _ => (None, WindowContext::None),
         };
-        let mut ctx = self.ctx(file, len, registrations);
+        let mut ctx = self.ctx(file, len, stats);
         ctx.window_ctx = window_ctx;
         // Only windows and the ring take ranges added to a running pass.
         let feed = feed
             .filter(|_| matches!(strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. }));
         let claims = Claims::new(range.clone(), feed);
         let mut sink = sink;
-        sink.begin(strategy, &windows, &ctx.registrations);
+        sink.begin(strategy, &windows, &ctx.stats);
         let mut sink = RwLock::new(sink);
         let agents = agents(strategy, whole, &held);
         // With `CopyStreams::RingApart` or `PerThread`, ring agents copy on
@@ -193,10 +195,11 @@ impl Shared {
             seconds,
             cpu_seconds,
             peak_pinned: watch.peak(),
-            registrations: ctx.registrations.load(Ordering::Relaxed),
+            registrations: ctx.stats.registrations(),
             verified: sink.verified(),
             windows,
             chained: false,
+            breakdown: ctx.stats.snapshot(),
         };
         Ok((report, sink))
     }
@@ -211,7 +214,7 @@ impl Shared {
         file: &Arc<MappedFile>,
         range: &Range<u64>,
         strategy: Strategy,
-        registrations: &AtomicU64,
+        stats: &PassStats,
     ) -> Result<Prepared> {
         let budget = &self.config.budget;
         if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
@@ -220,7 +223,7 @@ impl Shared {
         let mut held = Prepared { whole: None, direct: None, ring: None };
         match strategy {
             Strategy::Auto => return Err(Error::invalid("Streamer", "Auto was not resolved")),
-            Strategy::WholeFile => held.whole = Some(self.whole(st, file, range, registrations)?),
+            Strategy::WholeFile => held.whole = Some(self.whole(st, file, range, stats)?),
             Strategy::Windows { .. } => {
                 let need = strategy.pinned_bytes(range.end - range.start).unwrap_or(0);
                 self.make_room(st, need, false, None);
@@ -244,7 +247,7 @@ impl Shared {
     }
 
     /// The context of a transfer of `len` bytes of `file`.
-    fn ctx<'a>(&'a self, file: &'a Arc<MappedFile>, len: u64, registrations: Arc<AtomicU64>) -> Ctx<'a> {
+    fn ctx<'a>(&'a self, file: &'a Arc<MappedFile>, len: u64, stats: Arc<PassStats>) -> Ctx<'a> {
         Ctx {
             window_events: &self.window_events,
             file,
@@ -255,7 +258,7 @@ impl Shared {
             budget: &self.config.budget,
             abort: AtomicBool::new(false),
             error: Mutex::new(None),
-            registrations,
+            stats,
             done: AtomicU64::new(0),
             total: len,
             progress: self.config.progress.as_deref(),
@@ -406,8 +409,9 @@ pub(super) struct Ctx<'a> {
     pub(super) budget: &'a PinBudget,
     pub(super) abort: AtomicBool,
     pub(super) error: Mutex<Option<Error>>,
-    /// Registrations made so far (shared with a chained pass's sink).
-    pub(super) registrations: Arc<AtomicU64>,
+    /// What the agents did so far: registrations, bytes, timed steps
+    /// (shared with a chained pass's sink).
+    pub(super) stats: Arc<PassStats>,
     pub(super) done: AtomicU64,
     pub(super) total: u64,
     pub(super) progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,

@@ -12,11 +12,13 @@
 
 use std::fs::File;
 use std::sync::RwLock;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 
 use super::cache::State;
 use super::direct::direct_read;
 use super::pipeline::{Claims, Ctx};
+use super::stats::Step;
 use super::{Shared, read, write};
 use crate::error::Result;
 use crate::ring::PinnedRing;
@@ -82,19 +84,19 @@ pub(super) fn ring_agent<S: Sink>(
         let claimed = if from_back { claims.back(slot_size) } else { claims.front(slot_size) };
         let Some(r) = claimed else { break };
         let len = (r.end - r.start) as usize;
-        let slot = ring.acquire()?;
+        let slot = ctx.stats.time(Step::SlotWait, || ring.acquire())?;
         ctx.progress(slot.completed_bytes());
-        let full = match fill {
+        let full = ctx.stats.time(Step::Fill, || match fill {
             Fill::Copy => {
                 ctx.file.check_has(r.end)?;
                 let bytes = ctx.file.as_bytes();
                 let part = bytes.get(r.start as usize..r.end as usize).ok_or_else(|| {
                     crate::Error::invalid("ring agent", format!("{r:?} is outside the mapping ({} bytes)", bytes.len()))
                 })?;
-                slot.copy_from(part)?
+                Ok(slot.copy_from(part)?)
             }
-            Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone())?,
-        };
+            Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone()),
+        })?;
         let mask = read(sink).streams_for(r.start, len as u64);
         let in_flight = match lane {
             AgentLane::Own { lane, streams } => {
@@ -104,6 +106,7 @@ pub(super) fn ring_agent<S: Sink>(
                 write(sink).put(ctx.streams, src, r.start, len, &mut out)
             })?,
         };
+        ctx.stats.ring_bytes.fetch_add(len as u64, Ordering::Relaxed);
         drop(in_flight); // back to the ring, free again once its copies completed
         for m in out.drain(..) {
             if tx.send(m).is_err() {

@@ -5,10 +5,11 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::Shared;
 use super::cache::{State, cached, kept};
+use super::stats::{PassStats, Step};
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 use crate::range::PinnedRange;
@@ -27,7 +28,7 @@ impl Shared {
         st: &mut State,
         file: &Arc<MappedFile>,
         range: &Range<u64>,
-        regs: &AtomicU64,
+        stats: &PassStats,
     ) -> Result<usize> {
         if let Some(i) = cached(st, file, range, self.portable) {
             // As a fresh registration would: refuse a file truncated since
@@ -49,13 +50,13 @@ impl Shared {
         // copies, not for every copy in flight on the device.
         let (regctx, _) = self.window_context();
         let create = |r: Range<u64>| PinnedRange::create_in(regctx.as_ref(), file, r, self.opts(), &self.config.budget);
-        let (reg, fresh) = match create(target) {
+        let (reg, fresh) = stats.time(Step::Register, || match create(target) {
             // A range of the file is registered elsewhere: register just what is asked.
-            Err(Error::Overlap { .. }) if whole_file => create(range.clone())?,
-            r => r?,
-        };
+            Err(Error::Overlap { .. }) if whole_file => create(range.clone()),
+            r => r,
+        })?;
         if fresh {
-            regs.fetch_add(1, Ordering::Relaxed);
+            stats.registrations.fetch_add(1, Ordering::Relaxed);
         }
         st.cache.push(reg);
         Ok(st.cache.len() - 1)

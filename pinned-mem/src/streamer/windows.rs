@@ -36,6 +36,7 @@ use std::sync::Arc;
 use wirespeed_cuda::RegistrationContext;
 
 use super::pipeline::{Claims, Ctx, tail_spin, wait_tail};
+use super::stats::Step;
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
 use super::{Shared, WindowContext, lock, read, write};
 use crate::error::{Error, Result};
@@ -187,6 +188,7 @@ fn claim_windows<S: Sink>(
         // A piece whose copies failed is not progress (its events still cover
         // whatever was enqueued).
         let landed = if put.is_ok() { len } else { 0 };
+        ctx.stats.in_place_bytes.fetch_add(landed, Ordering::Relaxed);
         queue.windows.push_back(InFlightWindow { reg: own, set, mask: recorded, len: landed });
         put?;
         if let Some(e) = rec_err {
@@ -230,9 +232,11 @@ fn register(ctx: &Ctx<'_>, r: std::ops::Range<u64>) -> Result<PinnedRange> {
     if !ctx.portable && ctx.window_ctx.is_none() {
         ctx.device0.make_current()?;
     }
-    let (reg, fresh) = PinnedRange::create_in(ctx.window_ctx.as_ref(), ctx.file, r, ctx.opts, ctx.budget)?;
+    let (reg, fresh) = ctx
+        .stats
+        .time(Step::Register, || PinnedRange::create_in(ctx.window_ctx.as_ref(), ctx.file, r, ctx.opts, ctx.budget))?;
     if fresh {
-        ctx.registrations.fetch_add(1, Ordering::Relaxed);
+        ctx.stats.registrations.fetch_add(1, Ordering::Relaxed);
     }
     Ok(reg)
 }
@@ -363,7 +367,9 @@ fn retire(ctx: &Ctx<'_>, w: InFlightWindow, events: &[Vec<Option<Event>>], tail:
     for (i, ev) in events[w.set].iter().enumerate() {
         if w.mask & (1 << i) != 0
             && let Some(ev) = ev
-            && let Err(e) = if tail { wait_tail(ev, tail_spin(w.len)) } else { ev.synchronize() }
+            && let Err(e) = ctx
+                .stats
+                .time(Step::WindowWait, || if tail { wait_tail(ev, tail_spin(w.len)) } else { ev.synchronize() })
         {
             res = res.and(Err(e.into()));
         }
@@ -373,7 +379,7 @@ fn retire(ctx: &Ctx<'_>, w: InFlightWindow, events: &[Vec<Option<Event>>], tail:
     }
     // Unregister now, reporting errors (it waits on the fence if an event failed).
     if let Some(reg) = w.reg {
-        res = res.and(reg.release());
+        res = res.and(ctx.stats.time(Step::Unregister, || reg.release()));
     }
     res
 }
