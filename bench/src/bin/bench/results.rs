@@ -95,6 +95,9 @@ pub struct Row {
     pub samples: Vec<Sample>,
     pub peak_pinned: u64,
     pub registrations: Option<u64>,
+    /// Where the library's agents spent the median repetition's time (its
+    /// wall seconds, and the report's breakdown), where a library run.
+    pub breakdown: Option<(f64, wirespeed_pinned::Breakdown)>,
     pub intact: Intact,
     /// The run failed with this message (the bench then exits 1).
     pub error: Option<String>,
@@ -116,6 +119,7 @@ impl Row {
             samples: Vec::new(),
             peak_pinned: 0,
             registrations: None,
+            breakdown: None,
             intact: Intact::Unchecked("not checked".into()),
             error: None,
             skipped: None,

@@ -37,12 +37,12 @@ pub struct Bench {
 }
 
 impl Bench {
-    fn label(&self, row: &Row, s: &Sample, reps: usize) -> String {
+    fn label(&self, row: &Row, s: &Sample, reps: usize, extra: &str) -> String {
         let gbps = row.bytes as f64 / s.seconds.max(1e-12) / 1e9;
         let frac =
             if self.line_rate > 0.0 { format!(", {:.2} of line rate", gbps / self.line_rate) } else { String::new() };
         format!(
-            "{} rep {}/{}: {gbps:.2} GB/s{frac}, {:.3} CPU s/GB{}",
+            "{} rep {}/{}: {gbps:.2} GB/s{frac}, {:.3} CPU s/GB{extra}{}",
             row.name,
             row.samples.len(),
             reps,
@@ -52,8 +52,13 @@ impl Bench {
     }
 
     fn sample_done(&self, row: &mut Row, s: Sample, reps: usize) {
+        self.sample_done_with(row, s, reps, "");
+    }
+
+    /// As `sample_done`, with `extra` after the repetition's numbers.
+    fn sample_done_with(&self, row: &mut Row, s: Sample, reps: usize, extra: &str) {
         row.samples.push(s);
-        self.progress.rep_done(&self.label(row, &s, reps), reps);
+        self.progress.rep_done(&self.label(row, &s, reps, extra), reps);
     }
 
     pub fn finished(&self, row: &Row) {
@@ -148,7 +153,7 @@ pub fn line_rate(b: &mut Bench) -> Result<Row> {
             engine.push(row.bytes as f64 / (f64::from(ms) / 1e3) / 1e9);
             row.samples.push(s);
             b.line_rate = row.gbps().median;
-            b.progress.rep_done(&b.label(&row, &s, reps), reps);
+            b.progress.rep_done(&b.label(&row, &s, reps, ""), reps);
         }
         row.note("copy engine alone (event-timed) GB/s", format!("{:.2}", crate::util::stats(&engine).median));
         row.intact = Intact::compare(expected, b.readback.checksum(&on_dev, 0..n)?);
@@ -450,6 +455,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             }
         }
         let mut regs = 0;
+        let mut breakdowns = Vec::new();
         let reps = spec.reps.max(1);
         for rep in 0..reps {
             target.clear(&b.stream)?;
@@ -481,9 +487,20 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             }
             row.strategy = report.strategy.to_string();
             row.resolved = Some(report.strategy);
-            b.sample_done(&mut row, s, reps);
+            // Where the agents' time went (one transfer's: not for spans,
+            // whose transfers overlap).
+            let extra = if spec.spans.is_none() { format!("; {}", report.breakdown) } else { String::new() };
+            breakdowns.push((s.seconds, report.breakdown));
+            b.sample_done_with(&mut row, s, reps, &extra);
         }
         row.registrations = Some(regs / reps as u64);
+        if spec.spans.is_none() {
+            breakdowns.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if let Some(&(seconds, median)) = breakdowns.get(breakdowns.len() / 2) {
+                row.note("where its agents' time went (the median repetition)", median.to_string());
+                row.breakdown = Some((seconds, median));
+            }
+        }
         if target.scratch && len > target.buf.len() as u64 {
             // Parts that share scratch bytes may land in any order (threads,
             // windows from the front and the ring from the back): no final

@@ -82,6 +82,19 @@ fn workers(s: Option<Strategy>) -> Option<usize> {
 /// How the bytes of a library row were split between windows and the ring.
 fn split(r: &Row) -> Option<(f64, String)> {
     match r.resolved? {
+        Strategy::Hybrid { threads, .. } if r.breakdown.is_some() => {
+            let (_, b) = r.breakdown?;
+            let win = b.in_place_fraction();
+            Some((
+                1.0 - win,
+                format!(
+                    "the windows carried {:.0} % of the bytes, the ring ({threads} threads) {:.0} % (the median \
+                     repetition's report)",
+                    win * 100.0,
+                    (1.0 - win) * 100.0
+                ),
+            ))
+        }
         Strategy::Hybrid { window, threads, .. } => {
             let regs = r.registrations.unwrap_or(0);
             let win = (regs.saturating_mul(window as u64)).min(r.bytes) as f64 / r.bytes.max(1) as f64;
@@ -125,6 +138,9 @@ fn stream_reason(s: &Summary, r: &Row, frac_min: f64, cpu_max: f64, slowest_min:
             )),
             None => why.push(format!("{cores:.1} cores busy on average")),
         }
+        if let Some(text) = time_went(r) {
+            why.push(text);
+        }
         let hybrid = matches!(r.resolved, Some(Strategy::Hybrid { .. }));
         if let (true, Some(w)) = (hybrid, find(s.rows, "windows")) {
             why.push(format!("windows alone reached {:.2} of the line rate here", w.fraction(lr)));
@@ -157,6 +173,33 @@ fn stream_reason(s: &Summary, r: &Row, frac_min: f64, cpu_max: f64, slowest_min:
         why.push("the data arrived damaged".into());
     }
     why.join("; ")
+}
+
+/// What bound the median repetition of a hybrid row, from its report's
+/// breakdown: the share of the pass the window thread spent registering and
+/// unregistering, and the share of the ring threads' time spent filling slots
+/// and waiting for them (waiting = the copy engine was behind).
+fn time_went(r: &Row) -> Option<String> {
+    let (seconds, b) = r.breakdown?;
+    let Some(Strategy::Hybrid { threads, .. }) = r.resolved else { return None };
+    let wall = seconds.max(1e-12);
+    let reg = (b.register_seconds + b.unregister_seconds) / wall;
+    let ring_time = wall * threads.max(1) as f64;
+    let (fill, wait) = (b.fill_seconds / ring_time, b.slot_wait_seconds / ring_time);
+    let bound = match (reg >= 0.8, fill >= 0.8) {
+        (true, true) => "both halves are CPU work (registering, memcpy), not the copy engine",
+        (true, false) => "the window thread's registering bounds it",
+        (false, true) => "the ring's memcpy bounds it",
+        (false, false) if wait >= 0.3 => "the copy engine bounds it (the ring waits for free slots)",
+        (false, false) => "neither agent is busy all the time",
+    };
+    Some(format!(
+        "in the median repetition the window thread spent {:.0} % of the pass registering and unregistering, \
+         the {threads} ring threads {:.0} % of theirs filling slots and {:.0} % waiting for free ones: {bound}",
+        reg * 100.0,
+        fill * 100.0,
+        wait * 100.0
+    ))
 }
 
 fn page_cached(s: &Summary, scale: bool) -> Target {
@@ -502,4 +545,35 @@ pub fn all(s: &Summary) -> Vec<Target> {
         overlap(s),
         overhead(s),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Kind;
+
+    fn hybrid_row(register: f64, fill: f64, wait: f64) -> Row {
+        let mut r = Row::new("auto", Kind::Stream, "auto", 4 << 30);
+        r.resolved = Some(Strategy::Hybrid { window: 111 << 20, slot: 4 << 20, threads: 4 });
+        let mut b = wirespeed_pinned::Breakdown::default();
+        (b.in_place_bytes, b.ring_bytes) = (1 << 30, 3 << 30);
+        (b.register_seconds, b.fill_seconds, b.slot_wait_seconds) = (register, fill, wait);
+        r.breakdown = Some((0.1, b));
+        r
+    }
+
+    #[test]
+    fn the_breakdown_names_what_bound_a_hybrid_pass() {
+        let both = time_went(&hybrid_row(0.09, 0.36, 0.02)).unwrap();
+        assert!(both.contains("spent 90 %") && both.contains("90 % of theirs filling"), "{both}");
+        assert!(both.contains("both halves are CPU work"), "{both}");
+        let engine = time_went(&hybrid_row(0.03, 0.15, 0.2)).unwrap();
+        assert!(engine.contains("the copy engine bounds it"), "{engine}");
+        let (share, text) = split(&hybrid_row(0.0, 0.0, 0.0)).unwrap();
+        assert_eq!(share, 0.75);
+        assert!(text.starts_with("the windows carried 25 % of the bytes"), "{text}");
+        let mut ring = hybrid_row(0.0, 0.0, 0.0);
+        ring.resolved = Some(Strategy::Ring { slots: 8, slot: 4 << 20, threads: 4 });
+        assert!(time_went(&ring).is_none());
+    }
 }
