@@ -5,9 +5,10 @@ once so the page cache holds it) with `wirespeed.batches` (64 MiB batches,
 depth 2, a 512 MiB pin budget, spans of the package's default, or of each
 --span-mib given), then whole into one tensor with `wirespeed.read_into`.
 Prints GB/s and process CPU s/GB (os.times()) of each pass, what the spans'
-transfers did (how many, their strategy, registrations), and checks the
-data: the byte sum of the whole file, and a sample of 4 KiB pieces against
-the file. The last line compares the best batches pass with the best
+transfers did (how many, their strategy, registrations; for read_into, its
+report's breakdown: the share copied in place, time registering and filling
+the ring), and checks the data: the byte sum of the whole file, and a
+sample of 4 KiB pieces against the file. The last line compares the best batches pass with the best
 read_into pass (one transfer of the whole file: what `bench`'s auto row
 measures). Exits 0 when every check passed.
 
@@ -124,8 +125,12 @@ def main():
         dt, cpu = time.perf_counter() - t0, cpu_now() - c0
         samples = [(o, dst[o : o + 4096]) for o in range(0, size - 4096, max(4096, size // 37))]
         verdict = check("read_into", int(dst.sum(dtype=torch.int64).item()), samples)
+        b = report.breakdown
+        in_place = b["in_place_bytes"] / max(1, b["in_place_bytes"] + b["ring_bytes"])
         print(f"read_into pass {rep + 1}: {size / dt / 1e9:7.2f} GB/s  {cpu / (size / 1e9):.4f} CPU s/GB  "
-              f"{verdict}  [{report}]")
+              f"{verdict}  [{report}; in place {in_place:.0%}, registering "
+              f"{(b['register_seconds'] + b['unregister_seconds']) * 1e3:.1f} ms, ring filling "
+              f"{b['fill_seconds'] * 1e3:.1f} ms]")
         if rep > 0 or args.passes == 1:
             whole = max(whole, size / dt / 1e9)
     for span_mib, gbps in best.items():

@@ -339,6 +339,8 @@ struct Summary {
     peak_pinned: u64,
     /// It ran in the pass of the transfer queued before it.
     chained: bool,
+    /// Where the streamer's agents spent their time (none for the host-array path).
+    breakdown: Option<wirespeed_pinned::Breakdown>,
     text: String,
 }
 
@@ -362,6 +364,7 @@ impl From<&Report> for Summary {
             registrations: r.registrations,
             peak_pinned: r.peak_pinned,
             chained: r.chained,
+            breakdown: Some(r.breakdown),
             text: r.to_string(),
         }
     }
@@ -466,6 +469,27 @@ impl PyReport {
     #[getter]
     fn chained(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(self.settled(py)?.chained)
+    }
+    /// Where the streamer's agents spent their time, to tell what bounded the
+    /// transfer: a dict of `in_place_bytes` and `ring_bytes` (the range's
+    /// bytes copied from registered file pages, and through the pinned ring),
+    /// and seconds summed over the threads that spent them:
+    /// `register_seconds`, `unregister_seconds`, `window_wait_seconds`,
+    /// `fill_seconds`, `slot_wait_seconds`; empty for a host array copied
+    /// through bounce buffers (waits for it).
+    #[getter]
+    fn breakdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        if let Some(b) = self.settled(py)?.breakdown {
+            d.set_item("in_place_bytes", b.in_place_bytes)?;
+            d.set_item("ring_bytes", b.ring_bytes)?;
+            d.set_item("register_seconds", b.register_seconds)?;
+            d.set_item("unregister_seconds", b.unregister_seconds)?;
+            d.set_item("window_wait_seconds", b.window_wait_seconds)?;
+            d.set_item("fill_seconds", b.fill_seconds)?;
+            d.set_item("slot_wait_seconds", b.slot_wait_seconds)?;
+        }
+        Ok(d)
     }
     /// The most bytes the streamer had pinned at once during the transfer,
     /// its kept ring and registrations included (waits for it).
@@ -659,6 +683,7 @@ fn read_host(
         registrations: 0,
         peak_pinned: 2 * CHUNK as u64,
         chained: false,
+        breakdown: None,
         text,
     };
     Ok(PyReport { bytes: nbytes as u64, device: Some(dev), inner: ReportState::Done(report) })

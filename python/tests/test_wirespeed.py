@@ -39,6 +39,11 @@ def test_read_into_whole_file_sync_and_strategies(data_file):
         r = wirespeed.read_into(dst, str(path), strategy=strategy, sync=True)
         assert r.done
         assert dst.to_bytes() == data, strategy
+        # Every byte counted once, in place or through the ring.
+        b = r.breakdown
+        assert b["in_place_bytes"] + b["ring_bytes"] == len(data), (strategy, b)
+        if strategy == "ring":
+            assert b["in_place_bytes"] == 0 and b["fill_seconds"] > 0, b
 
 
 def test_read_into_with_stream_field(data_file):
@@ -65,6 +70,7 @@ def test_read_into_host_buffer():
     r = wirespeed.read_into(dst, src, 12345, 1 << 20)
     assert dst.to_bytes() == bytes(src[12345 : 12345 + (1 << 20)])
     assert r.bytes == 1 << 20 and r.done
+    assert r.breakdown == {}  # bounce buffers: no streamer agents
     floats = array.array("f", [1.5] * 1024)
     dst = wirespeed._DeviceArray(4096, typestr="<f4", shape=[1024])
     wirespeed.read_into(dst, floats)
