@@ -243,9 +243,16 @@ const HYBRID_WINDOW_MAX: u64 = 128 * MIB;
 ///   H200 host (16 CPUs), medians of 9 passes: 4 GiB file, 512 MiB budget,
 ///   4 threads 0.89-0.92 of the line rate at 0.097-0.100 CPU s/GB, 5 threads
 ///   0.91-0.92 at 0.100-0.110; 40 GiB file, 4 GiB budget, 4 threads 0.90-0.92
-///   at 0.093, 5 threads 0.91-0.94 at 0.096-0.112;
+///   at 0.093, 5 threads 0.91-0.94 at 0.096-0.112. On starts of the same
+///   kind of machine where registering was slower (windows alone at
+///   0.41-0.47 of the line rate), 4 threads reached 0.75-0.83 at
+///   0.097-0.115, 5 threads 0.90-0.91 at 0.106-0.115: there the window
+///   thread registers for the whole pass ([`Report::breakdown`]), and more
+///   ring threads carry more bytes past it at the ring's CPU cost per byte;
 /// * else, room for four windows of at least 16 MiB: windows;
 /// * else the ring with what fits (slots of 64 KiB at least), or `None`.
+///
+/// [`Report::breakdown`]: crate::Report::breakdown
 pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Strategy> {
     let page = page_size();
     if align_up(len, page) + page <= avail {
