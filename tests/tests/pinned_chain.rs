@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 
 use wirespeed_cuda::{Device, DeviceBuffer, Stream};
-use wirespeed_pinned::{Error, MappedFile, PinBudget, Report, StartOptions, Strategy, StreamConfig, Streamer};
+use wirespeed_pinned::{
+    Error, MappedFile, PinBudget, Report, StartOptions, Strategy, StreamConfig, Streamer, Transfer,
+};
 use wirespeed_tests::{TempDir, Watchdog, open_mapped, start, start_emulated, write_pattern_file};
 
 /// Bytes per transfer: more than any strategy below keeps in flight, and
@@ -58,6 +60,27 @@ fn warm_up(s: &Streamer, file: &Arc<MappedFile>, buf: &mut DeviceBuffer<u8>) {
     s.to_device(file, span(0), buf).unwrap();
 }
 
+/// Starts a transfer of span `i` into buffer `i` for each buffer, the first
+/// ordered after `mine` behind a gate on it: the pass begins once the
+/// answered sender is used (or dropped).
+fn start_gated<'a>(
+    s: &'a Streamer,
+    file: &Arc<MappedFile>,
+    bufs: &'a mut [DeviceBuffer<u8>],
+    mine: &Stream,
+) -> (Sender<()>, Vec<Transfer<'a>>) {
+    let open = gate(mine);
+    let transfers = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| {
+            let options = if i == 0 { StartOptions::new().after(mine) } else { StartOptions::new() };
+            s.start_with(file, span(i), b, options).unwrap()
+        })
+        .collect();
+    (open, transfers)
+}
+
 fn span(i: usize) -> std::ops::Range<u64> {
     (i * SPAN) as u64..((i + 1) * SPAN) as u64
 }
@@ -75,12 +98,7 @@ fn queued_transfers_run_as_one_pass_each_with_its_own_report() {
         let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
         warm_up(&s, &file, &mut bufs[0]);
         let mine = Stream::new(&dev).unwrap();
-        let open = gate(&mine);
-        let mut transfers = Vec::new();
-        for (i, b) in bufs.iter_mut().enumerate() {
-            let options = if i == 0 { StartOptions::new().after(&mine) } else { StartOptions::new() };
-            transfers.push(s.start_with(&file, span(i), b, options).unwrap());
-        }
+        let (open, transfers) = start_gated(&s, &file, &mut bufs, &mine);
         open.send(()).unwrap();
         let reports: Vec<Report> = transfers.into_iter().map(|tr| tr.wait().unwrap()).collect();
         for (i, r) in reports.iter().enumerate() {
@@ -152,12 +170,7 @@ fn a_failed_pass_fails_what_it_wrote_and_runs_the_rest_on_their_own() {
     let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
     warm_up(&s, &file, &mut bufs[0]);
     let mine = Stream::new(&dev).unwrap();
-    let open = gate(&mine);
-    let mut transfers = Vec::new();
-    for (i, b) in bufs.iter_mut().enumerate() {
-        let options = if i == 0 { StartOptions::new().after(&mine) } else { StartOptions::new() };
-        transfers.push(s.start_with(&file, span(i), b, options).unwrap());
-    }
+    let (open, transfers) = start_gated(&s, &file, &mut bufs, &mine);
     // Three copies per transfer (slots of 1 MiB, one thread, in order): the
     // fifth is the second of transfer 1.
     assert!(t.emu().inject_fault("cudaMemcpyAsync", 5, UNKNOWN, false));

@@ -558,7 +558,31 @@ struct Cursors {
     closed: bool,
 }
 
+/// Which claimer's cursor.
+#[derive(Clone, Copy)]
+enum Side {
+    Front,
+    Back,
+}
+
 impl Cursors {
+    /// Moves `side`'s cursor to the next range (asking the feed for one
+    /// when it is on the last); false when there is none.
+    fn advance(&mut self, side: Side, feed: Option<&dyn Feed>) -> bool {
+        let at = match side {
+            Side::Front => self.front,
+            Side::Back => self.back,
+        };
+        if at + 1 >= self.parts.len() && !self.more(feed) {
+            return false;
+        }
+        match side {
+            Side::Front => self.front += 1,
+            Side::Back => self.back += 1,
+        }
+        true
+    }
+
     /// Adds the feed's next range, if there is one and the pass still takes one.
     fn more(&mut self, feed: Option<&dyn Feed>) -> bool {
         if self.closed {
@@ -600,9 +624,7 @@ impl<'f> Claims<'f> {
                 p.start = end;
                 return Some(r);
             }
-            if c.front + 1 < c.parts.len() || c.more(self.feed) {
-                c.front += 1;
-            } else {
+            if !c.advance(Side::Front, self.feed) {
                 return None;
             }
         }
@@ -619,9 +641,7 @@ impl<'f> Claims<'f> {
                 p.end = start;
                 return Some(r);
             }
-            if c.back + 1 < c.parts.len() || c.more(self.feed) {
-                c.back += 1;
-            } else {
+            if !c.advance(Side::Back, self.feed) {
                 return None;
             }
         }
