@@ -22,7 +22,13 @@
 //! sharing the windows in flight, the hybrid reached 0.80-0.83 of the line
 //! rate where one reached 0.85-0.87, three 0.77-0.78, and two with a 2-thread
 //! ring 0.65: registering does not go faster with more threads, and the
-//! extra windows only hold more memory pinned.
+//! extra windows only hold more memory pinned. Nor does unregistering on a
+//! thread of its own (a third of the window thread's time when windows
+//! stream alone): tried on a start where windows alone reached 0.30 of the
+//! line rate, the unregistering took five times longer beside the
+//! registering (20 ms to 100 ms per 4 GiB pass of the hybrid) and the hybrid
+//! was no faster (0.65-0.69 against 0.68-0.71 inline, alternating runs): the
+//! driver runs one at a time.
 
 use std::collections::VecDeque;
 use std::sync::RwLock;
