@@ -72,6 +72,12 @@ pub struct Overlap {
     /// per pass of the overlapped runs (median).
     pub strategy: String,
     pub registrations: Option<u64>,
+    /// Where those registrations were made ([`WindowContext`]): a second
+    /// CUDA context, or the primary one (where unregistering waits for
+    /// every copy on the device).
+    ///
+    /// [`WindowContext`]: wirespeed_pinned::WindowContext
+    pub windows: Option<wirespeed_pinned::WindowContext>,
     /// Wall seconds of each repetition.
     pub stream_s: Vec<f64>,
     pub compute_s: Vec<f64>,
@@ -94,6 +100,7 @@ impl Overlap {
             calibration_target: f64::NAN,
             strategy: String::new(),
             registrations: None,
+            windows: None,
             stream_s: Vec::new(),
             compute_s: Vec::new(),
             both_s: Vec::new(),
@@ -386,6 +393,7 @@ fn measure(b: &mut Bench, data: &Data, budget: u64, o: &mut Overlap) -> Result<(
         regs.push(reports.iter().map(|r| r.registrations).sum::<u64>() as f64);
         if let Some(r) = reports.last() {
             o.strategy = r.strategy.to_string();
+            o.windows = Some(r.windows.clone());
         }
         b.progress.rep_done(
             &format!(
