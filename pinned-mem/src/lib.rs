@@ -38,15 +38,31 @@
 //!
 //! # What was measured (H200, driver 580; the project's benchmark measures it again on your machine)
 //!
-//! * A registration reused across passes copies at the line rate: 55.1 GB/s
-//!   for 4 GiB (0.995 of 55.4).
-//! * `cudaHostRegister` runs alongside copies, but `cudaHostUnregister` waits
-//!   for every copy in flight on the device: windows are therefore registered
-//!   ahead and unregistered in batches (24-30 GB/s at 0.04 CPU s/GB).
-//! * For a page-cached file 8 times the budget, the hybrid reached 28-31 GB/s
-//!   at 0.07-0.13 CPU s/GB, the 16-thread ring 42 GB/s at 0.37 CPU s/GB.
-//! * Cold files: `O_DIRECT` into the ring, 1.4-1.6 GB/s against 1.6 for
-//!   `dd iflag=direct`.
+//! * A registration reused across passes copies at the line rate (0.98-1.00
+//!   of it, 512 MiB registered once).
+//! * In the primary context `cudaHostUnregister` waits for every copy in
+//!   flight on the device, and registering stalls other threads' copies. In a
+//!   second context of the device neither happens, so windows are registered
+//!   there when one can be made ([`WindowContext`]).
+//! * Registering costs per byte, not per call (windows of 16 to 512 MiB alike;
+//!   2 MiB windows three times as much): 4 GiB registers and unregisters in
+//!   about 100-130 ms of one thread. The driver registers one call at a time
+//!   for the whole device: two or four threads, each with a context of its
+//!   own, go no faster than one, and registering runs about a third slower
+//!   while copies are in flight. Memory in 4 KiB pages (a tmpfs without huge
+//!   pages such as `/dev/shm`, most anonymous memory) takes twice as long as
+//!   the 2 MiB folios of a page cache on ext4 or xfs of recent kernels, or of
+//!   a tmpfs mounted with huge pages (`huge=always`).
+//! * The ring's `memcpy` from a page-cached mapping fills about 8.5 GB/s per
+//!   thread (0.115 CPU s/GB), whatever the method (glibc, `rep movsb`, AVX2
+//!   stores, non-temporal stores).
+//! * A page-cached file 8 times the budget (4 GiB, 512 MiB): [`Strategy::Auto`]
+//!   (windows beside a 4-thread ring) reached 0.75-0.93 of the line rate at
+//!   0.067-0.12 CPU s/GB, as fast as the machine registered; the 16-thread
+//!   ring 0.73-0.84 at 0.23-0.38; KvikIO 26.10 0.80-0.85 at 0.34-0.36. A 40 GiB
+//!   file with a 4 GiB budget: 0.97 at 0.052.
+//! * Cold files: `O_DIRECT` into the ring, 0.96-1.10 of the disk's parallel
+//!   `O_DIRECT` rate.
 //!
 //! # Safety model
 //!

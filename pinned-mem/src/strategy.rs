@@ -248,7 +248,9 @@ const HYBRID_WINDOW_MAX: u64 = 128 * MIB;
 ///   0.41-0.47 of the line rate), 4 threads reached 0.75-0.83 at
 ///   0.097-0.115, 5 threads 0.90-0.91 at 0.106-0.115: there the window
 ///   thread registers for the whole pass ([`Report::breakdown`]), and more
-///   ring threads carry more bytes past it at the ring's CPU cost per byte;
+///   ring threads carry more bytes past it at the ring's CPU cost per byte
+///   (registering cannot be spread over threads: the driver serializes it
+///   device-wide, see `streamer/windows.rs`);
 /// * else, room for four windows of at least 16 MiB: windows;
 /// * else the ring with what fits (slots of 64 KiB at least), or `None`.
 ///

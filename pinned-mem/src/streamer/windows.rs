@@ -29,6 +29,15 @@
 //! registering (20 ms to 100 ms per 4 GiB pass of the hybrid) and the hybrid
 //! was no faster (0.65-0.69 against 0.68-0.71 inline, alternating runs): the
 //! driver runs one at a time.
+//!
+//! Nor does a context per registering thread: measured with the driver API
+//! alone (`bench/probes/register_cost.py`, 128 MiB windows of a 4 GiB
+//! page-cached file), one thread registered and unregistered the 4 GiB at
+//! 32-46 GB/s, two threads with a context each 34-37, four 34: the driver
+//! serializes registrations device-wide. Flags (`PORTABLE`, `DEVICEMAP`) and
+//! the context (primary or created) change nothing; 4 KiB pages cost twice
+//! what 2 MiB folios do; copies in flight on the device slow it by about a
+//! third. The window agent's rate is the device's registering rate.
 
 use std::collections::VecDeque;
 use std::sync::RwLock;
