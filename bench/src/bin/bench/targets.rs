@@ -138,7 +138,7 @@ fn stream_reason(s: &Summary, r: &Row, frac_min: f64, cpu_max: f64, slowest_min:
             )),
             None => why.push(format!("{cores:.1} cores busy on average")),
         }
-        if let Some(text) = time_went(r) {
+        if let Some(text) = time_went(r, frac_min * lr) {
             why.push(text);
         }
         let hybrid = matches!(r.resolved, Some(Strategy::Hybrid { .. }));
@@ -178,8 +178,10 @@ fn stream_reason(s: &Summary, r: &Row, frac_min: f64, cpu_max: f64, slowest_min:
 /// What bound the median repetition of a hybrid row, from its report's
 /// breakdown: the share of the pass the window thread spent registering and
 /// unregistering, and the share of the ring threads' time spent filling slots
-/// and waiting for them (waiting = the copy engine was behind).
-fn time_went(r: &Row) -> Option<String> {
+/// and waiting for them (waiting = the copy engine was behind); then, from
+/// the rates the two halves ran at, how many ring threads `need_gbps` would
+/// take beside the window thread.
+fn time_went(r: &Row, need_gbps: f64) -> Option<String> {
     let (seconds, b) = r.breakdown?;
     let Some(Strategy::Hybrid { threads, .. }) = r.resolved else { return None };
     let wall = seconds.max(1e-12);
@@ -193,13 +195,23 @@ fn time_went(r: &Row) -> Option<String> {
         (false, false) if wait >= 0.3 => "the copy engine bounds it (the ring waits for free slots)",
         (false, false) => "neither agent is busy all the time",
     };
-    Some(format!(
+    let mut text = format!(
         "in the median repetition the window thread spent {:.0} % of the pass registering and unregistering, \
          the {threads} ring threads {:.0} % of theirs filling slots and {:.0} % waiting for free ones: {bound}",
         reg * 100.0,
         fill * 100.0,
         wait * 100.0
-    ))
+    );
+    if let (Some(rw), Some(rf)) = (b.register_rate(), b.fill_rate()) {
+        let (rw, rf) = (rw / 1e9, rf / 1e9);
+        text.push_str(&format!(
+            "; it registered at {rw:.1} GB/s (one thread: the driver registers one call at a time for the device) \
+             and each ring thread filled {rf:.1} GB/s, so {need_gbps:.1} GB/s would take {:.1} ring threads \
+             beside the window thread at these rates (it ran {threads})",
+            ((need_gbps - rw) / rf).max(0.0)
+        ));
+    }
+    Some(text)
 }
 
 fn page_cached(s: &Summary, scale: bool) -> Target {
@@ -579,17 +591,21 @@ mod tests {
 
     #[test]
     fn the_breakdown_names_what_bound_a_hybrid_pass() {
-        let both = time_went(&hybrid_row(0.09, 0.36, 0.02)).unwrap();
+        let both = time_went(&hybrid_row(0.09, 0.36, 0.02), 49.5).unwrap();
         assert!(both.contains("spent 90 %") && both.contains("90 % of theirs filling"), "{both}");
         assert!(both.contains("both halves are CPU work"), "{both}");
-        let engine = time_went(&hybrid_row(0.03, 0.15, 0.2)).unwrap();
+        // 1 GiB registered in 90 ms: 11.9 GB/s; 3 GiB filled in 360 ms of ring threads: 8.9 GB/s a thread;
+        // 49.5 GB/s would take (49.5 - 11.9) / 8.9 = 4.2 ring threads.
+        assert!(both.contains("registered at 11.9 GB/s") && both.contains("filled 8.9 GB/s"), "{both}");
+        assert!(both.contains("would take 4.2 ring threads") && both.contains("(it ran 4)"), "{both}");
+        let engine = time_went(&hybrid_row(0.03, 0.15, 0.2), 49.5).unwrap();
         assert!(engine.contains("the copy engine bounds it"), "{engine}");
         let (share, text) = split(&hybrid_row(0.0, 0.0, 0.0)).unwrap();
         assert_eq!(share, 0.75);
         assert!(text.starts_with("the windows carried 25 % of the bytes"), "{text}");
         let mut ring = hybrid_row(0.0, 0.0, 0.0);
         ring.resolved = Some(Strategy::Ring { slots: 8, slot: 4 << 20, threads: 4 });
-        assert!(time_went(&ring).is_none());
+        assert!(time_went(&ring, 49.5).is_none());
     }
 
     #[test]
