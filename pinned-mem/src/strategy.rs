@@ -20,6 +20,9 @@ use crate::util::{Bytes, align_up, page_size};
 #[non_exhaustive]
 pub enum Strategy {
     /// Pick from the budget and the file (see [`Streamer::resolve`](crate::Streamer::resolve)).
+    /// When it picks the hybrid, a ring thread also waits in reserve and joins
+    /// once the copy engine shows room
+    /// ([`StreamConfig::reserve_threads`](crate::StreamConfig::reserve_threads)).
     Auto,
     /// Register the whole range (the whole file when it fits) once, keep the
     /// registration in the streamer, and copy from it: later passes cost no
@@ -250,7 +253,11 @@ const HYBRID_WINDOW_MAX: u64 = 128 * MIB;
 ///   thread registers for the whole pass ([`Report::breakdown`]), and more
 ///   ring threads carry more bytes past it at the ring's CPU cost per byte
 ///   (registering cannot be spread over threads: the driver serializes it
-///   device-wide, see `streamer/windows.rs`);
+///   device-wide, see `streamer/windows.rs`). So a fifth ring thread waits
+///   in reserve and joins during the pass once the copy engine shows room
+///   (`StreamConfig::reserve_threads`, `streamer/reserve.rs`): where the
+///   engine is already the bound it stays asleep, and the fast starts keep
+///   their CPU cost;
 /// * else, room for four windows of at least 16 MiB: windows;
 /// * else the ring with what fits (slots of 64 KiB at least), or `None`.
 ///

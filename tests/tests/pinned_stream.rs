@@ -122,6 +122,50 @@ fn check_report(r: &Report, strategy: Strategy, bytes: u64, budget: &PinBudget) 
     if r.registrations > 0 {
         assert!(b.register_seconds > 0.0, "{r}: {b}");
     }
+    // Only auto's hybrid keeps ring threads in reserve.
+    if strategy != Strategy::Auto || !matches!(r.strategy, Strategy::Hybrid { .. }) {
+        assert_eq!(b.reserve_threads, 0, "{r}: {b}");
+    }
+}
+
+#[test]
+fn auto_hybrid_reserve_joins_when_the_copy_engine_has_room() {
+    let t = start();
+    let _w = Watchdog::new(300);
+    let dir = DiskDir::new("reserve");
+    let len = (232 << 20) + 4321;
+    let (file, data) = data_file(&dir, 7, len);
+    let dev = Device::get(0).unwrap();
+    let budget = PinBudget::new(192 << 20);
+    for (reserve, streams) in [(1usize, CopyStreams::One), (1, CopyStreams::PerThread), (0, CopyStreams::One)] {
+        // The emulated copy engine is slow, so the ring waits for slots there
+        // and a reserve would stay asleep: `reserve_room` 1 lets it join at
+        // its first look, and a slow progress callback stretches the pass past
+        // it. On a GPU the default threshold decides (and this pass is short).
+        let mut cfg = StreamConfig::new(Strategy::Auto, budget.clone())
+            .with_reserve_threads(reserve)
+            .with_copy_streams(streams)
+            .with_progress(|_, _| std::thread::sleep(std::time::Duration::from_millis(1)));
+        if t.emulated() {
+            cfg.reserve_room = 1.0;
+        }
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let resolved = s.resolve(len as u64);
+        assert!(matches!(resolved, Strategy::Hybrid { .. }), "{resolved}");
+        let mut dst = DeviceBuffer::<u8>::new(&dev, len).unwrap();
+        let r = s.to_device(&file, 0..len as u64, &mut dst).unwrap();
+        check_report(&r, Strategy::Auto, len as u64, &budget);
+        assert!(dst.to_vec().unwrap() == data, "reserve {reserve}: data differs");
+        let joined = r.breakdown.reserve_threads;
+        assert!(joined <= reserve as u64, "{r}");
+        if t.emulated() {
+            assert_eq!(joined, reserve as u64, "{r}: {}", r.breakdown);
+        }
+        assert_eq!(r.breakdown.to_string().contains("a reserve thread joined"), joined == 1, "{r}");
+        drop((s, dst));
+        assert_eq!(budget.used(), 0);
+    }
+    t.assert_clean();
 }
 
 #[test]

@@ -47,6 +47,27 @@ pub struct StreamConfig {
     pub second_context: bool,
     /// Which streams the copies go on (default [`CopyStreams::One`]).
     pub copy_streams: CopyStreams,
+    /// Ring threads that [`Strategy::Auto`]'s hybrid keeps in reserve (default
+    /// 1; 0 turns them off). A reserve thread watches the pass and joins the
+    /// ring once the copy engine shows room: over the last 10 ms the ring's
+    /// threads waited for free slots less than a tenth of their time. That
+    /// happens where the window thread registers slowly (the driver registers
+    /// one call at a time for the whole device), and there one more thread
+    /// filling slots carries bytes the copy engine had room for, at the
+    /// ring's CPU cost per byte. Where the copy engine is already the bound
+    /// the reserve stays asleep. [`Breakdown::reserve_threads`] says how many
+    /// joined. A strategy given explicitly runs exactly its threads.
+    ///
+    /// [`Strategy::Auto`]: crate::Strategy::Auto
+    /// [`Breakdown::reserve_threads`]: super::Breakdown::reserve_threads
+    pub reserve_threads: usize,
+    /// The share of their time the ring's threads may have spent waiting
+    /// for free slots over the last 10 ms for a reserve thread to join
+    /// (default 0.10; see [`StreamConfig::reserve_threads`]). Measured on an
+    /// H200 host: 0.01-0.08 where the hybrid stayed below 0.90 of the line
+    /// rate, 0.13-0.15 where it reached it. 0 keeps the reserve asleep; 1 or
+    /// more lets it join at its first look.
+    pub reserve_room: f64,
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -59,6 +80,8 @@ impl std::fmt::Debug for StreamConfig {
             .field("progress", &self.progress.is_some())
             .field("second_context", &self.second_context)
             .field("copy_streams", &self.copy_streams)
+            .field("reserve_threads", &self.reserve_threads)
+            .field("reserve_room", &self.reserve_room)
             .finish()
     }
 }
@@ -69,6 +92,7 @@ impl StreamConfig {
     /// ```
     /// let cfg = wirespeed_pinned::StreamConfig::new(wirespeed_pinned::Strategy::WholeFile, wirespeed_pinned::PinBudget::unlimited());
     /// assert!(!cfg.verify && !cfg.mlock && cfg.progress.is_none() && cfg.second_context);
+    /// assert_eq!(cfg.reserve_threads, 1);
     /// ```
     pub fn new(strategy: Strategy, budget: PinBudget) -> Self {
         StreamConfig {
@@ -79,6 +103,8 @@ impl StreamConfig {
             progress: None,
             second_context: true,
             copy_streams: CopyStreams::One,
+            reserve_threads: 1,
+            reserve_room: 0.10,
         }
     }
 
@@ -137,6 +163,18 @@ impl StreamConfig {
     /// ```
     pub fn with_copy_streams(mut self, streams: CopyStreams) -> Self {
         self.copy_streams = streams;
+        self
+    }
+
+    /// With [`StreamConfig::reserve_threads`] set to `threads`.
+    ///
+    /// ```
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
+    /// let cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(512 << 20)).with_reserve_threads(0);
+    /// assert_eq!(cfg.reserve_threads, 0); // auto's hybrid runs its planned ring threads only
+    /// ```
+    pub fn with_reserve_threads(mut self, threads: usize) -> Self {
+        self.reserve_threads = threads;
         self
     }
 }

@@ -73,6 +73,7 @@ mod enter;
 mod pipeline;
 mod plan;
 mod report;
+mod reserve;
 mod ring;
 mod stats;
 mod transfer;
@@ -302,7 +303,10 @@ impl Streamer {
     /// with the budget as it is now (the configured strategy, when not `Auto`).
     /// When nothing fits it answers the smallest ring, which then fails with
     /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
-    /// range larger than the budget gets [`Strategy::Direct`].
+    /// range larger than the budget gets [`Strategy::Direct`]. Auto's hybrid
+    /// also keeps [`StreamConfig::reserve_threads`] ring threads in reserve,
+    /// which join during a pass once the copy engine shows room
+    /// ([`Breakdown::reserve_threads`] says how many did).
     ///
     /// ```no_run
     /// # use wirespeed_pinned::*;

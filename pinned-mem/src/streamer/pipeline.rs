@@ -16,6 +16,7 @@ use wirespeed_cuda::{Device, Event, EventOptions, RegistrationContext, Stream};
 use super::cache::{State, drop_overlapping};
 use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
+use super::reserve::{Joining, Running, reserve_agent};
 use super::ring::{AgentLane, Fill, ring_agent};
 use super::stats::PassStats;
 use super::windows::{WindowSrc, window_agent};
@@ -54,6 +55,10 @@ struct RingAgents<'a> {
     slot: u64,
     threads: usize,
     from_back: bool,
+    /// Reserve threads beside them (`Auto`'s hybrid: `reserve.rs`), and the
+    /// slot-wait share under which they join.
+    reserve: usize,
+    room: f64,
 }
 
 impl Shared {
@@ -135,7 +140,14 @@ impl Shared {
         let mut sink = sink;
         sink.begin(strategy, &windows, &ctx.stats);
         let mut sink = RwLock::new(sink);
-        let agents = agents(strategy, whole, &held);
+        // Auto's hybrid keeps ring threads in reserve; a strategy given
+        // explicitly runs exactly its threads.
+        let auto = matches!(self.config.strategy.normalized(), Ok(Strategy::Auto));
+        let reserve = match strategy {
+            Strategy::Hybrid { .. } if auto => self.config.reserve_threads,
+            _ => 0,
+        };
+        let agents = agents(strategy, whole, &held, (reserve, self.config.reserve_room));
         // With `CopyStreams::RingApart` or `PerThread`, ring agents copy on
         // streams of their own, each through a lane of the sink (the window
         // agent has lane 0, on the streamer's streams); by default all copy
@@ -144,12 +156,12 @@ impl Shared {
         let sets = match self.config.copy_streams {
             CopyStreams::One => 0,
             CopyStreams::RingApart => 1,
-            CopyStreams::PerThread => agents.ring.as_ref().map_or(0, |r| r.threads),
+            CopyStreams::PerThread => agents.ring.as_ref().map_or(0, |r| r.threads + r.reserve),
         };
         let lanes = match &agents.ring {
             Some(r) if S::LANES && sets > 0 => match pool.fork(&self.devices, &self.streams, sets) {
                 Ok(()) => {
-                    write(&sink).open_lanes(1 + r.threads);
+                    write(&sink).open_lanes(1 + r.threads + r.reserve);
                     ctx.lanes = true;
                     Some(&pool.agents[..sets])
                 }
@@ -292,7 +304,12 @@ impl Shared {
 }
 
 /// The agents `strategy` runs, over what [`Shared::prepare`] made ready.
-fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prepared) -> Agents<'a> {
+fn agents<'a>(
+    strategy: Strategy,
+    whole: Option<&'a PinnedRange>,
+    held: &'a Prepared,
+    (reserve, room): (usize, f64),
+) -> Agents<'a> {
     let windows = match strategy {
         Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
         Strategy::Windows { window, in_flight } => {
@@ -321,7 +338,8 @@ fn agents<'a>(strategy: Strategy, whole: Option<&'a PinnedRange>, held: &'a Prep
                 Some(f) => Fill::Direct(f),
                 None => Fill::Copy,
             };
-            Some(RingAgents { ring, fill, slot, threads, from_back })
+            let reserve = if from_back { reserve } else { 0 };
+            Some(RingAgents { ring, fill, slot, threads, from_back, reserve, room })
         }
         _ => None,
     };
@@ -356,6 +374,7 @@ fn run_threads<S: Sink>(
     lanes: Option<&[AgentStreamSet]>,
     mut on_msg: impl FnMut(S::Msg) -> Result<()>,
 ) {
+    let running = Running::default();
     std::thread::scope(|s| {
         let (tx, rx) = channel::<S::Msg>(ctx);
         let mut handles = Vec::new();
@@ -363,17 +382,27 @@ fn run_threads<S: Sink>(
             let tx = tx.clone();
             handles.push(s.spawn(move || ctx.outcome(window_agent(ctx, claims, src, sink, &tx))));
         }
-        if let Some(RingAgents { ring, fill, slot, threads, from_back }) = agents.ring {
+        if let Some(RingAgents { ring, fill, slot, threads, from_back, reserve, room }) = agents.ring {
+            // Each thread its own lane; the stream sets shared round-robin.
+            let lane = |k: usize| match lanes.and_then(|l| l.get(k % l.len().max(1))) {
+                Some(set) => AgentLane::Own { lane: k + 1, streams: &set.streams },
+                None => AgentLane::Shared,
+            };
             for k in 0..threads {
                 let tx = tx.clone();
-                // Each thread its own lane; the stream sets shared round-robin.
-                let lane = match lanes.and_then(|l| l.get(k % l.len().max(1))) {
-                    Some(set) => AgentLane::Own { lane: k + 1, streams: &set.streams },
-                    None => AgentLane::Shared,
-                };
+                let lane = lane(k);
+                // Counted in before the reserve can look (it stops once none runs).
+                let counted = running.enter();
                 handles.push(s.spawn(move || {
+                    let _counted = counted;
                     ctx.outcome(ring_agent(ctx, claims, ring, fill, slot, from_back, lane, sink, &tx));
                 }));
+            }
+            for k in threads..threads + reserve {
+                let tx = tx.clone();
+                let joining = Joining { ring, fill, slot, threads, room, lane: lane(k) };
+                let running = &running;
+                handles.push(s.spawn(move || ctx.outcome(reserve_agent(ctx, claims, running, joining, sink, &tx))));
             }
         }
         drop(tx);

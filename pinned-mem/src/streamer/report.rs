@@ -95,6 +95,10 @@ pub struct Breakdown {
     /// The ring agents waiting for a free slot (its copies to complete),
     /// summed over their threads.
     pub slot_wait_seconds: f64,
+    /// Reserve ring threads that joined the pass
+    /// ([`StreamConfig::reserve_threads`](super::StreamConfig::reserve_threads));
+    /// their filling and waiting are counted above with the others'.
+    pub reserve_threads: u64,
 }
 
 impl Breakdown {
@@ -146,6 +150,7 @@ impl Breakdown {
             window_wait_seconds: (self.window_wait_seconds - earlier.window_wait_seconds).max(0.0),
             fill_seconds: (self.fill_seconds - earlier.fill_seconds).max(0.0),
             slot_wait_seconds: (self.slot_wait_seconds - earlier.slot_wait_seconds).max(0.0),
+            reserve_threads: self.reserve_threads.saturating_sub(earlier.reserve_threads),
         }
     }
 }
@@ -153,8 +158,8 @@ impl Breakdown {
 impl std::fmt::Display for Breakdown {
     /// `in place 52% (registering 31.0 ms, unregistering 4.1 ms: 63.5 GB/s,
     /// waiting for copies 10.2 ms), ring 48% (filling 210.5 ms: 9.8 GB/s a
-    /// thread, waiting for slots 50.3 ms)`; a part that moved nothing is left
-    /// out, and a rate where no time was counted.
+    /// thread, waiting for slots 50.3 ms, a reserve thread joined)`; a part
+    /// that moved nothing is left out, and a rate where no time was counted.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = |s: f64| s * 1e3;
         let rate = |r: Option<f64>, what: &str| r.map(|r| format!(": {:.1} GB/s{what}", r / 1e9)).unwrap_or_default();
@@ -175,11 +180,16 @@ impl std::fmt::Display for Breakdown {
         if self.ring_bytes > 0 {
             write!(
                 f,
-                "{sep}ring {:.0}% (filling {:.1} ms{}, waiting for slots {:.1} ms)",
+                "{sep}ring {:.0}% (filling {:.1} ms{}, waiting for slots {:.1} ms{})",
                 (1.0 - frac) * 100.0,
                 ms(self.fill_seconds),
                 rate(self.fill_rate(), " a thread"),
-                ms(self.slot_wait_seconds)
+                ms(self.slot_wait_seconds),
+                match self.reserve_threads {
+                    0 => String::new(),
+                    1 => ", a reserve thread joined".to_string(),
+                    n => format!(", {n} reserve threads joined"),
+                }
             )?;
             sep = ", ";
         }

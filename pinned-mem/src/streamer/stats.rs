@@ -19,6 +19,8 @@ pub(crate) struct PassStats {
     window_wait_ns: AtomicU64,
     fill_ns: AtomicU64,
     slot_wait_ns: AtomicU64,
+    /// Reserve ring threads that joined the pass.
+    pub(super) reserve_joined: AtomicU64,
 }
 
 /// The timed steps of the agents.
@@ -71,6 +73,7 @@ impl PassStats {
             window_wait_seconds: s(&self.window_wait_ns),
             fill_seconds: s(&self.fill_ns),
             slot_wait_seconds: s(&self.slot_wait_ns),
+            reserve_threads: self.reserve_joined.load(Ordering::Relaxed),
         }
     }
 }

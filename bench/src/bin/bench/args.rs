@@ -132,15 +132,22 @@ pub struct Custom {
     /// all queued at once (`true`: the streamer chains them into one pass)
     /// or each waited for before the next starts (`false`).
     pub spans: Option<(u64, bool)>,
+    /// `StreamConfig::reserve_threads` (auto only; else the default).
+    pub reserve: Option<usize>,
 }
 
 /// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
 /// `windows:WINDOW,IN_FLIGHT`, `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G) or
 /// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`), then
 /// `/spans=SIZE` or `/spans=SIZE,wait` (transfers of SIZE bytes, queued at once or one at a
-/// time) and then `/cold` (the page cache dropped before each repetition).
+/// time) and then `/cold` (the page cache dropped before each repetition); `auto` may also
+/// end in `/reserve=N` (`StreamConfig::reserve_threads`).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
     use wirespeed_pinned::{CopyStreams, Strategy};
+    let (v, reserve) = match v.rsplit_once("/reserve=") {
+        Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|e| format!("reserve={n}: {e}"))?)),
+        None => (v, None),
+    };
     let (v, cold) = match v.strip_suffix("/cold") {
         Some(rest) => (rest, true),
         None => (v, false),
@@ -166,7 +173,10 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         None => (v, CopyStreams::default()),
     };
     if spec == "auto" {
-        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold, spans });
+        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold, spans, reserve });
+    }
+    if reserve.is_some() {
+        return Err(format!("{v}: /reserve= is for auto (a strategy given explicitly runs exactly its threads)"));
     }
     let (kind, args) = spec.split_once(':').ok_or("give KIND:ARGS, e.g. hybrid:112M,4M,4")?;
     let a: Vec<&str> = args.split(',').map(str::trim).collect();
@@ -183,7 +193,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
             ));
         }
     };
-    Ok(Custom { strategy: s, copy_streams, cold, spans })
+    Ok(Custom { strategy: s, copy_streams, cold, spans, reserve: None })
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
@@ -232,7 +242,8 @@ pub struct Options {
     /// one for the ring threads, one per ring thread), then `/spans=SIZE` (the file as transfers of
     /// SIZE bytes, all started at once: the streamer runs them as one pass) or `/spans=SIZE,wait`
     /// (each waited for before the next starts) and then `/cold` (the page cache dropped before
-    /// each repetition; such rows run after the cold rows) are accepted too
+    /// each repetition; such rows run after the cold rows) are accepted too; `auto` may end in
+    /// `/reserve=N` (ring threads auto's hybrid keeps in reserve; default 1, 0 for none)
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
     pub custom: Vec<Custom>,
 
@@ -318,6 +329,17 @@ impl Options {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn auto_takes_a_reserve_suffix_and_explicit_strategies_refuse_it() {
+        let c = super::parse_strategy("auto/streams=ring/reserve=0").unwrap();
+        assert_eq!((c.strategy, c.reserve), (wirespeed_pinned::Strategy::Auto, Some(0)));
+        assert_eq!(c.copy_streams, wirespeed_pinned::CopyStreams::RingApart);
+        assert_eq!(super::parse_strategy("auto/cold/reserve=2").unwrap().reserve, Some(2));
+        assert_eq!(super::parse_strategy("auto").unwrap().reserve, None);
+        assert!(super::parse_strategy("hybrid:64M,4M,4/reserve=1").unwrap_err().contains("for auto"));
+        assert!(super::parse_strategy("auto/reserve=x").is_err());
+    }
+
     use super::*;
     use clap::CommandFactory;
 

@@ -344,6 +344,8 @@ pub struct LibRun {
     /// The range as transfers of this many bytes, queued at once or one at a
     /// time (see `Custom::spans`).
     pub spans: Option<(u64, bool)>,
+    /// `StreamConfig::reserve_threads`, when not the default.
+    pub reserve: Option<usize>,
 }
 
 fn transfer(
@@ -433,6 +435,9 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             // (its counts are one transfer's).
             config.progress = if spec.spans.is_some() { None } else { Some(callback.clone()) };
             config.copy_streams = spec.copy_streams;
+            if let Some(n) = spec.reserve {
+                config.reserve_threads = n;
+            }
             Ok(Streamer::new(&[dev], config)?)
         };
         let kept = if spec.fresh { None } else { Some(make(false)?) };
@@ -684,6 +689,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         reps,
         copy_streams: wirespeed_pinned::CopyStreams::default(),
         spans: None,
+        reserve: None,
     };
 
     if sel("pageable") {
@@ -750,19 +756,24 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
             _ => ", a stream per ring thread",
         };
         let cold = if custom.cold { ", page cache dropped before each run" } else { "" };
+        let reserve = match custom.reserve {
+            Some(n) => format!(", {n} ring thread(s) in reserve"),
+            None => String::new(),
+        };
         let spans = match custom.spans {
             Some((n, true)) => format!(", as transfers of {} started at once (one pass)", fmt_bytes(n)),
             Some((n, false)) => format!(", as transfers of {} started one after the other", fmt_bytes(n)),
             None => String::new(),
         };
         let what = format!(
-            "a strategy given with --strategy, within the {} pin budget{streams}{spans}{cold}",
+            "a strategy given with --strategy, within the {} pin budget{streams}{reserve}{spans}{cold}",
             fmt_bytes(budget)
         );
         let mut spec = lib(&format!("custom-{}", i + 1), what, custom.strategy, lim(), custom.cold);
         spec.reps = target_reps;
         spec.copy_streams = custom.copy_streams;
         spec.spans = custom.spans;
+        spec.reserve = custom.reserve;
         spec
     };
     for (i, custom) in customs.iter().filter(|(_, c)| !c.cold) {

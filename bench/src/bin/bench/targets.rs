@@ -207,8 +207,12 @@ fn time_went(r: &Row, need_gbps: f64) -> Option<String> {
         text.push_str(&format!(
             "; it registered at {rw:.1} GB/s (one thread: the driver registers one call at a time for the device) \
              and each ring thread filled {rf:.1} GB/s, so {need_gbps:.1} GB/s would take {:.1} ring threads \
-             beside the window thread at these rates (it ran {threads})",
-            ((need_gbps - rw) / rf).max(0.0)
+             beside the window thread at these rates (it ran {threads}{})",
+            ((need_gbps - rw) / rf).max(0.0),
+            match b.reserve_threads {
+                0 => String::new(),
+                n => format!(", and {n} reserve thread(s) joined during the pass"),
+            }
         ));
     }
     Some(text)
