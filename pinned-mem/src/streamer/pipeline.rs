@@ -55,8 +55,9 @@ struct RingAgents<'a> {
     slot: u64,
     threads: usize,
     from_back: bool,
-    /// Reserve threads beside them (`Auto`'s hybrid: `reserve.rs`), and the
-    /// slot-wait share under which they join.
+    /// Reserve threads beside them (`Auto`'s hybrid only: `run_fed` gives
+    /// none to anything else; `reserve.rs`), and the slot-wait share under
+    /// which they join.
     reserve: usize,
     room: f64,
 }
@@ -338,7 +339,6 @@ fn agents<'a>(
                 Some(f) => Fill::Direct(f),
                 None => Fill::Copy,
             };
-            let reserve = if from_back { reserve } else { 0 };
             Some(RingAgents { ring, fill, slot, threads, from_back, reserve, room })
         }
         _ => None,

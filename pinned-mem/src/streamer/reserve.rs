@@ -124,13 +124,15 @@ fn has_room(d: &Breakdown, thread_seconds: f64, room: f64) -> bool {
 /// the pass failed.
 fn nap(ctx: &Ctx<'_>, running: &Running, span: Duration) -> bool {
     let end = Instant::now() + span;
-    while Instant::now() < end {
+    loop {
         if ctx.aborted() || !running.any() {
             return false;
         }
+        if Instant::now() >= end {
+            return true;
+        }
         std::thread::sleep(NAP);
     }
-    !ctx.aborted() && running.any()
 }
 
 #[cfg(test)]
