@@ -23,6 +23,7 @@ use super::{Shared, read, write};
 use crate::error::Result;
 use crate::ring::PinnedRing;
 use crate::sink::{Sink, mask_streams};
+use crate::stores::SlotStores;
 
 impl Shared {
     /// The streamer's ring of `slots` slots of `slot` bytes: the one it keeps
@@ -53,7 +54,7 @@ pub(super) enum Fill<'a> {
     /// a `SIGBUS`).
     ///
     /// [`Error::FileChanged`]: crate::Error::FileChanged
-    Copy,
+    Copy(SlotStores),
     /// `pread` from an `O_DIRECT` descriptor into aligned slots.
     Direct(&'a File),
 }
@@ -87,13 +88,13 @@ pub(super) fn ring_agent<S: Sink>(
         let slot = ctx.stats.time(Step::SlotWait, || ring.acquire())?;
         ctx.progress(slot.completed_bytes());
         let full = ctx.stats.time(Step::Fill, || match fill {
-            Fill::Copy => {
+            Fill::Copy(stores) => {
                 ctx.file.check_has(r.end)?;
                 let bytes = ctx.file.as_bytes();
                 let part = bytes.get(r.start as usize..r.end as usize).ok_or_else(|| {
                     crate::Error::invalid("ring agent", format!("{r:?} is outside the mapping ({} bytes)", bytes.len()))
                 })?;
-                Ok(slot.copy_from(part)?)
+                Ok(slot.copy_from_with(part, stores)?)
             }
             Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone()),
         })?;

@@ -16,6 +16,8 @@ pub struct Gpu {
     pub runtime_path: String,
     pub free: u64,
     pub total: u64,
+    /// The host's CPU, cache and memory ([`crate::util::host`]).
+    pub host: String,
 }
 
 impl Gpu {
@@ -128,5 +130,6 @@ pub fn select(opts: &Options) -> Result<Gpu> {
         runtime_path: info.path,
         free: free as u64,
         total: total as u64,
+        host: crate::util::host(),
     })
 }

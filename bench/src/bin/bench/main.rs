@@ -70,6 +70,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         progress.note(&format!("*** {} ***", output::EMULATED));
     }
     progress.note(&gpu.describe());
+    progress.note(&gpu.host);
     let threads = opts.threads();
     let reps = opts.reps();
     let target_reps = opts.target_reps();

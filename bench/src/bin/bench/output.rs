@@ -296,6 +296,7 @@ fn header(out: &mut String, s: &Summary) {
         let _ = writeln!(out, "*** {EMULATED} ***");
     }
     let _ = writeln!(out, "{}", s.gpu.describe());
+    let _ = writeln!(out, "{}", s.gpu.host);
     let _ = writeln!(
         out,
         "{} timed repetition(s) per run, {} for the target rows (auto, ring-cache); the library's runs on a page-cached \
@@ -641,6 +642,8 @@ struct DeviceJson<'a> {
     runtime_path: &'a str,
     memory_free_bytes: u64,
     memory_total_bytes: u64,
+    /// The host's CPU model, cores, last-level cache and memory, in words.
+    host: &'a str,
 }
 
 #[derive(Serialize)]
@@ -805,6 +808,7 @@ pub fn json(sm: &Summary) -> String {
             runtime_path: &gpu.runtime_path,
             memory_free_bytes: gpu.free,
             memory_total_bytes: gpu.total,
+            host: &gpu.host,
         },
         config: ConfigJson {
             reps: sm.reps,

@@ -56,12 +56,57 @@ pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes.
-pub fn mem_available() -> Option<u64> {
+/// The host the bench runs on, in words: the CPU model (from
+/// /proc/cpuinfo), the cores this process may use, the last-level cache
+/// (from /sys) and the memory. Machines lent by the hour differ from start to
+/// start; this is what a log needs to compare them.
+pub fn host() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()))
+        .unwrap_or_else(|| "CPU model unknown".into());
+    let mut parts = vec![model, format!("{} cores", cores())];
+    if let Some((level, size)) = last_level_cache() {
+        parts.push(format!("L{level} cache {size}"));
+    }
+    if let Some(total) = mem_field("MemTotal:") {
+        parts.push(format!("{} memory", fmt_bytes(total)));
+    }
+    format!("host: {}", parts.join(", "))
+}
+
+/// The highest cache level of CPU 0 and its size as /sys writes it ("105M"
+/// becomes "105 MiB").
+fn last_level_cache() -> Option<(u32, String)> {
+    let dir = Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let mut best: Option<(u32, String)> = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let read = |f: &str| std::fs::read_to_string(entry.path().join(f)).ok().map(|s| s.trim().to_string());
+        let (Some(level), Some(size)) = (read("level").and_then(|l| l.parse::<u32>().ok()), read("size")) else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(l, _)| level > *l) {
+            let size = match size.strip_suffix('K') {
+                Some(k) => k.parse::<u64>().map_or(size.clone(), |k| fmt_bytes(k * KIB)),
+                None => size.strip_suffix('M').map_or(size.clone(), |m| format!("{m} MiB")),
+            };
+            best = Some((level, size));
+        }
+    }
+    best
+}
+
+fn mem_field(name: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let line = text.lines().find(|l| l.starts_with(name))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+pub fn mem_available() -> Option<u64> {
+    mem_field("MemAvailable:")
 }
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `path`.
