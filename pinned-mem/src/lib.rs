@@ -107,7 +107,6 @@ mod memlock;
 mod range;
 mod ring;
 mod sink;
-mod stores;
 mod strategy;
 mod streamer;
 mod util;
@@ -118,7 +117,6 @@ pub use mapping::MappedFile;
 pub use memlock::{memlock_headroom, memlock_limit};
 pub use range::{PinOptions, PinnedRange};
 pub use ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing, SlotSource};
-pub use stores::SlotStores;
 pub use strategy::Strategy;
 pub use streamer::{
     Breakdown, CopyStreams, Progress, Report, StartOptions, StreamConfig, Streamer, Transfer, WindowContext,

@@ -41,7 +41,6 @@ use wirespeed_cuda::{Device, DeviceSink, Event, EventOptions, PinnedBuffer, Pinn
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
-use crate::stores::SlotStores;
 use crate::util::page_size;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -598,31 +597,15 @@ impl FreeSlot {
     /// # Errors
     /// [`Error::InvalidArgument`] when `src` is larger than the slot.
     pub fn copy_from(self, src: &[u8]) -> Result<FullSlot> {
-        self.copy_from_with(src, SlotStores::Cached)
-    }
-
-    /// Copies `src` into the slot with the stores `stores` (see [`SlotStores`]).
-    ///
-    /// ```no_run
-    /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
-    /// use wirespeed_pinned::SlotStores;
-    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// let full = ring.acquire()?.copy_from_with(&file.as_bytes()[..4096], SlotStores::NonTemporal)?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when `src` is larger than the slot.
-    pub fn copy_from_with(self, src: &[u8], stores: SlotStores) -> Result<FullSlot> {
-        self.fill_with(|buf| {
-            if src.len() > buf.len() {
-                return Err(Error::invalid(
-                    "FreeSlot::copy_from",
-                    format!("{} bytes do not fit a slot of {}", src.len(), buf.len()),
-                ));
+        self.fill_with(|buf| match buf.get_mut(..src.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(src);
+                Ok(src.len())
             }
-            crate::stores::copy(buf, src, stores);
-            Ok(src.len())
+            None => Err(Error::invalid(
+                "FreeSlot::copy_from",
+                format!("{} bytes do not fit a slot of {}", src.len(), buf.len()),
+            )),
         })
     }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use wirespeed_cuda::{Device, DeviceBuffer};
 use wirespeed_pinned::{
-    CopyStreams, Error, MappedFile, PinBudget, Report, SlotStores, Strategy, StreamConfig, Streamer, WindowContext,
+    CopyStreams, Error, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer, WindowContext,
 };
 use wirespeed_tests::{Ctx, Watchdog, open_mapped, pattern, start};
 
@@ -198,36 +198,6 @@ fn every_strategy_moves_a_file_exactly() {
         drop((s, dst, small));
         assert_eq!(budget.used(), 0, "{strategy}: everything given back");
         t.assert_clean();
-    }
-    t.assert_clean();
-}
-
-#[test]
-fn non_temporal_slot_stores_move_a_file_exactly() {
-    let t = start();
-    let _w = Watchdog::new(120);
-    let dir = DiskDir::new("stores");
-    let (file, data) = data_file(&dir, 11, LEN);
-    let budget = PinBudget::new(16 << 20);
-    let dev = Device::get(0).unwrap();
-    let ring = [
-        Strategy::Ring { slots: 4, slot: (128 << 10) + 13, threads: 3 },
-        Strategy::Hybrid { window: 512 << 10, slot: 64 << 10, threads: 2 },
-    ];
-    for strategy in ring {
-        let cfg = StreamConfig::new(strategy, budget.clone()).with_slot_stores(SlotStores::NonTemporal);
-        let s = Streamer::new(&[dev], cfg).unwrap();
-        // The whole file, then an unaligned part of it: slots whose source
-        // starts and ends off any 16-byte boundary.
-        for part in [0..LEN as u64, 4097..(LEN as u64 - 5555)] {
-            let n = (part.end - part.start) as usize;
-            let mut dst = DeviceBuffer::<u8>::new(&dev, n).unwrap();
-            let r = s.to_device(&file, part.clone(), &mut dst).unwrap();
-            check_report(&r, strategy, n as u64, &budget);
-            assert!(dst.to_vec().unwrap() == data[part.start as usize..part.end as usize], "{strategy}: data differs");
-        }
-        drop(s);
-        assert_eq!(budget.used(), 0, "{strategy}: everything given back");
     }
     t.assert_clean();
 }

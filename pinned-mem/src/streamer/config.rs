@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use crate::budget::PinBudget;
-use crate::stores::SlotStores;
 use crate::strategy::Strategy;
 
 /// A progress callback: `(bytes done, bytes in all)`, called from worker
@@ -69,11 +68,6 @@ pub struct StreamConfig {
     /// rate, 0.13-0.15 where it reached it. 0 keeps the reserve asleep; 1 or
     /// more lets it join at its first look.
     pub reserve_room: f64,
-    /// How ring threads write into pinned slots when they copy from the
-    /// mapping (default [`SlotStores::Cached`], `memcpy`). Which is faster
-    /// depends on the machine's cache and memory; the bench measures both
-    /// (`--strategy auto/stores=nt`).
-    pub slot_stores: SlotStores,
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -88,7 +82,6 @@ impl std::fmt::Debug for StreamConfig {
             .field("copy_streams", &self.copy_streams)
             .field("reserve_threads", &self.reserve_threads)
             .field("reserve_room", &self.reserve_room)
-            .field("slot_stores", &self.slot_stores)
             .finish()
     }
 }
@@ -112,7 +105,6 @@ impl StreamConfig {
             copy_streams: CopyStreams::One,
             reserve_threads: 1,
             reserve_room: 0.10,
-            slot_stores: SlotStores::Cached,
         }
     }
 
@@ -183,18 +175,6 @@ impl StreamConfig {
     /// ```
     pub fn with_reserve_threads(mut self, threads: usize) -> Self {
         self.reserve_threads = threads;
-        self
-    }
-
-    /// With [`StreamConfig::slot_stores`] set to `stores`.
-    ///
-    /// ```
-    /// use wirespeed_pinned::{PinBudget, SlotStores, StreamConfig, Strategy};
-    /// let cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(512 << 20)).with_slot_stores(SlotStores::NonTemporal);
-    /// assert_eq!(cfg.slot_stores, SlotStores::NonTemporal);
-    /// ```
-    pub fn with_slot_stores(mut self, stores: SlotStores) -> Self {
-        self.slot_stores = stores;
         self
     }
 }

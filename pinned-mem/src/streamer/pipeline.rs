@@ -27,7 +27,6 @@ use crate::mapping::MappedFile;
 use crate::range::{PinOptions, PinnedRange};
 use crate::ring::PinnedRing;
 use crate::sink::Sink;
-use crate::stores::SlotStores;
 use crate::strategy::{HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
 use crate::util::{align_up, page_size, process_cpu_seconds};
 
@@ -149,7 +148,7 @@ impl Shared {
             Strategy::Hybrid { .. } if auto => self.config.reserve_threads,
             _ => 0,
         };
-        let agents = agents(strategy, whole, &held, (reserve, self.config.reserve_room), self.config.slot_stores);
+        let agents = agents(strategy, whole, &held, (reserve, self.config.reserve_room));
         // With `CopyStreams::RingApart` or `PerThread`, ring agents copy on
         // streams of their own, each through a lane of the sink (the window
         // agent has lane 0, on the streamer's streams); by default all copy
@@ -311,7 +310,6 @@ fn agents<'a>(
     whole: Option<&'a PinnedRange>,
     held: &'a Prepared,
     (reserve, room): (usize, f64),
-    stores: SlotStores,
 ) -> Agents<'a> {
     let windows = match strategy {
         Strategy::WholeFile => whole.map(|reg| WindowSrc::Whole { reg }),
@@ -339,7 +337,7 @@ fn agents<'a>(
         (Some((threads, slot, from_back)), Some(ring)) => {
             let fill = match &held.direct {
                 Some(f) => Fill::Direct(f),
-                None => Fill::Copy(stores),
+                None => Fill::Copy,
             };
             Some(RingAgents { ring, fill, slot, threads, from_back, reserve, room })
         }

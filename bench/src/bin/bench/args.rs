@@ -134,8 +134,6 @@ pub struct Custom {
     pub spans: Option<(u64, bool)>,
     /// `StreamConfig::reserve_threads` (auto only; else the default).
     pub reserve: Option<usize>,
-    /// `StreamConfig::slot_stores` (`/stores=nt`; else the default).
-    pub stores: Option<wirespeed_pinned::SlotStores>,
 }
 
 /// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
@@ -143,16 +141,9 @@ pub struct Custom {
 /// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`), then
 /// `/spans=SIZE` or `/spans=SIZE,wait` (transfers of SIZE bytes, queued at once or one at a
 /// time) and then `/cold` (the page cache dropped before each repetition); `auto` may also
-/// end in `/reserve=N` (`StreamConfig::reserve_threads`); any of them may end, last, in
-/// `/stores=nt` or `/stores=cached` (`StreamConfig::slot_stores`).
+/// end in `/reserve=N` (`StreamConfig::reserve_threads`).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
-    use wirespeed_pinned::{CopyStreams, SlotStores, Strategy};
-    let (v, stores) = match v.rsplit_once("/stores=") {
-        Some((rest, "nt")) => (rest, Some(SlotStores::NonTemporal)),
-        Some((rest, "cached")) => (rest, Some(SlotStores::Cached)),
-        Some((_, other)) => return Err(format!("stores={other}: give nt or cached")),
-        None => (v, None),
-    };
+    use wirespeed_pinned::{CopyStreams, Strategy};
     let (v, reserve) = match v.rsplit_once("/reserve=") {
         Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|e| format!("reserve={n}: {e}"))?)),
         None => (v, None),
@@ -182,7 +173,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         None => (v, CopyStreams::default()),
     };
     if spec == "auto" {
-        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold, spans, reserve, stores });
+        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold, spans, reserve });
     }
     if reserve.is_some() {
         return Err(format!("{v}: /reserve= is for auto (a strategy given explicitly runs exactly its threads)"));
@@ -202,7 +193,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
             ));
         }
     };
-    Ok(Custom { strategy: s, copy_streams, cold, spans, reserve: None, stores })
+    Ok(Custom { strategy: s, copy_streams, cold, spans, reserve: None })
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
@@ -252,8 +243,7 @@ pub struct Options {
     /// SIZE bytes, all started at once: the streamer runs them as one pass) or `/spans=SIZE,wait`
     /// (each waited for before the next starts) and then `/cold` (the page cache dropped before
     /// each repetition; such rows run after the cold rows) are accepted too; `auto` may end in
-    /// `/reserve=N` (ring threads auto's hybrid keeps in reserve; default 1, 0 for none); any may
-    /// end, last, in `/stores=nt` (non-temporal stores into the ring's slots) or `/stores=cached`
+    /// `/reserve=N` (ring threads auto's hybrid keeps in reserve; default 1, 0 for none)
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
     pub custom: Vec<Custom>,
 
@@ -348,17 +338,6 @@ mod tests {
         assert_eq!(super::parse_strategy("auto").unwrap().reserve, None);
         assert!(super::parse_strategy("hybrid:64M,4M,4/reserve=1").unwrap_err().contains("for auto"));
         assert!(super::parse_strategy("auto/reserve=x").is_err());
-    }
-
-    #[test]
-    fn any_strategy_takes_a_stores_suffix_last() {
-        use wirespeed_pinned::SlotStores;
-        let c = super::parse_strategy("auto/reserve=0/stores=nt").unwrap();
-        assert_eq!((c.reserve, c.stores), (Some(0), Some(SlotStores::NonTemporal)));
-        let c = super::parse_strategy("ring:32,4M,8/streams=thread/stores=cached").unwrap();
-        assert_eq!(c.stores, Some(SlotStores::Cached));
-        assert_eq!(super::parse_strategy("auto").unwrap().stores, None);
-        assert!(super::parse_strategy("auto/stores=fast").unwrap_err().contains("nt or cached"));
     }
 
     use super::*;

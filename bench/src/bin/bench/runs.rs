@@ -346,8 +346,6 @@ pub struct LibRun {
     pub spans: Option<(u64, bool)>,
     /// `StreamConfig::reserve_threads`, when not the default.
     pub reserve: Option<usize>,
-    /// `StreamConfig::slot_stores`, when not the default.
-    pub stores: Option<wirespeed_pinned::SlotStores>,
 }
 
 fn transfer(
@@ -439,9 +437,6 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             config.copy_streams = spec.copy_streams;
             if let Some(n) = spec.reserve {
                 config.reserve_threads = n;
-            }
-            if let Some(stores) = spec.stores {
-                config.slot_stores = stores;
             }
             Ok(Streamer::new(&[dev], config)?)
         };
@@ -695,7 +690,6 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         copy_streams: wirespeed_pinned::CopyStreams::default(),
         spans: None,
         reserve: None,
-        stores: None,
     };
 
     if sel("pageable") {
@@ -766,17 +760,13 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
             Some(n) => format!(", {n} ring thread(s) in reserve"),
             None => String::new(),
         };
-        let stores = match custom.stores {
-            Some(stores) => format!(", {stores} into the ring's slots"),
-            None => String::new(),
-        };
         let spans = match custom.spans {
             Some((n, true)) => format!(", as transfers of {} started at once (one pass)", fmt_bytes(n)),
             Some((n, false)) => format!(", as transfers of {} started one after the other", fmt_bytes(n)),
             None => String::new(),
         };
         let what = format!(
-            "a strategy given with --strategy, within the {} pin budget{streams}{reserve}{stores}{spans}{cold}",
+            "a strategy given with --strategy, within the {} pin budget{streams}{reserve}{spans}{cold}",
             fmt_bytes(budget)
         );
         let mut spec = lib(&format!("custom-{}", i + 1), what, custom.strategy, lim(), custom.cold);
@@ -784,7 +774,6 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         spec.copy_streams = custom.copy_streams;
         spec.spans = custom.spans;
         spec.reserve = custom.reserve;
-        spec.stores = custom.stores;
         spec
     };
     for (i, custom) in customs.iter().filter(|(_, c)| !c.cold) {
