@@ -47,6 +47,9 @@ pub struct Data {
     pub tmpfs: bool,
     /// Notes for the header (e.g. the file is larger than RAM).
     pub notes: Vec<String>,
+    /// How fast this host's CPUs read and copy the page-cached file, where
+    /// it was page-cached (see [`MemRates`]).
+    pub mem: Option<MemRates>,
     /// The demo file, removed when dropped (also when the bench fails).
     _temp: Option<NamedTempFile>,
 }
@@ -208,7 +211,65 @@ pub fn prepare(opts: &Options, threads: usize, progress: &Progress) -> Result<Da
         len as f64 / t0.elapsed().as_secs_f64().max(1e-9) / 1e9,
         threads
     ));
-    Ok(Data { file, path, len, demo, checksum: sum, tmpfs, notes, _temp: temp })
+    let mem = mem_rates(&file, threads);
+    if let Some(m) = &mem {
+        let text = m.describe(threads);
+        progress.note(&text);
+        notes.push(text);
+    }
+    Ok(Data { file, path, len, demo, checksum: sum, tmpfs, notes, mem, _temp: temp })
+}
+
+/// The bytes a ring thread copies at once (the slot `auto` plans).
+const COPY_PIECE: usize = 4 << 20;
+
+/// How fast this host's CPUs move the page-cached file, measured right
+/// after the checksum (so the mapping is populated): anchors for the rows of
+/// the same run, since lent machines differ from start to start (measured on
+/// an H200 host: all threads read 27 GB/s on one start, 57-69 on others).
+#[derive(Debug, Clone, Copy)]
+pub struct MemRates {
+    /// Bytes per second, every filler thread checksumming the file's first GiBs.
+    pub read_all: f64,
+    /// Bytes per second, one thread copying them into a 4 MiB buffer, as a
+    /// ring thread fills a slot.
+    pub copy_one: f64,
+}
+
+impl MemRates {
+    pub fn describe(&self, threads: usize) -> String {
+        format!(
+            "memory on this host: {threads} threads read the page-cached file at {:.1} GB/s; one thread copies it \
+             into 4 MiB buffers (as a ring thread fills its slots) at {:.1} GB/s ({:.3} CPU s/GB)",
+            self.read_all / 1e9,
+            self.copy_one / 1e9,
+            1e9 / self.copy_one.max(1.0)
+        )
+    }
+}
+
+/// [`MemRates`] over the file's first 4 GiB (one thread: its first GiB),
+/// or None where those bytes are not all in the page cache (the rates would
+/// be the disk's).
+fn mem_rates(file: &MappedFile, threads: usize) -> Option<MemRates> {
+    let bytes = file.as_bytes();
+    let sample = &bytes[..bytes.len().min(4 << 30)];
+    if sample.len() < COPY_PIECE || file.resident_bytes(0..sample.len() as u64).ok()? < sample.len() as u64 {
+        return None;
+    }
+    let t0 = Instant::now();
+    std::hint::black_box(checksum::of_host(sample, threads));
+    let read_all = sample.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+    let part = &sample[..sample.len().min(1 << 30)];
+    let mut buf = vec![0u8; COPY_PIECE];
+    buf.copy_from_slice(&part[..COPY_PIECE]); // the buffer's pages, untimed
+    let t0 = Instant::now();
+    for chunk in part.chunks(COPY_PIECE) {
+        buf[..chunk.len()].copy_from_slice(chunk);
+        std::hint::black_box(&mut buf);
+    }
+    let copy_one = part.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+    Some(MemRates { read_all, copy_one })
 }
 
 /// O_DIRECT read size per request.

@@ -115,6 +115,7 @@ fn run(opts: Options) -> Result<ExitCode> {
             budget,
             destination: streamed.destination,
             notes: data.notes.clone(),
+            mem: data.mem,
         });
     } // the demo file is removed here
     let pytorch_rows = if opts.pytorch_rows { rows::run(&mut b)? } else { Vec::new() };

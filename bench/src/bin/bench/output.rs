@@ -24,6 +24,8 @@ pub struct FileInfo {
     pub budget: u64,
     pub destination: String,
     pub notes: Vec<String>,
+    /// How fast this host's CPUs read and copy the page-cached file.
+    pub mem: Option<crate::data::MemRates>,
 }
 
 /// Everything the outputs are made from.
@@ -665,6 +667,10 @@ struct FileJson<'a> {
     pin_budget_bytes: u64,
     destination: &'a str,
     notes: &'a [String],
+    /// GB/s, every filler thread reading the page-cached file (null: not measured).
+    memory_read_gbps: Option<f64>,
+    /// GB/s, one thread copying it into 4 MiB buffers (null: not measured).
+    memory_copy_one_thread_gbps: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -828,6 +834,8 @@ pub fn json(sm: &Summary) -> String {
             pin_budget_bytes: fi.budget,
             destination: &fi.destination,
             notes: &fi.notes,
+            memory_read_gbps: fi.mem.map(|m| m.read_all / 1e9),
+            memory_copy_one_thread_gbps: fi.mem.map(|m| m.copy_one / 1e9),
         }),
         results: sm.rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),
         pytorch_rows: sm.pytorch_rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),

@@ -138,6 +138,18 @@ fn stream_reason(s: &Summary, r: &Row, frac_min: f64, cpu_max: f64, slowest_min:
             )),
             None => why.push(format!("{cores:.1} cores busy on average")),
         }
+        if let (Some(m), Some(share)) = (s.file.as_ref().and_then(|f| f.mem), ring_share)
+            && share > 0.0
+        {
+            why.push(format!(
+                "on this host one thread alone copies the page-cached file at {:.1} GB/s ({:.3} CPU s/GB) and all \
+                 {} threads read it at {:.1} GB/s (the memory anchors of this run)",
+                m.copy_one / 1e9,
+                1e9 / m.copy_one.max(1.0),
+                s.threads,
+                m.read_all / 1e9
+            ));
+        }
         if let Some(text) = time_went(r, frac_min * lr) {
             why.push(text);
         }
