@@ -67,6 +67,8 @@ pub const STRATEGY_FAMILIES: &[&str] = &[
     "hybrid",
     "whole-file",
     "auto",
+    "new-map",
+    "one-shot",
     "budget-reuse",
     "overlap",
     "kvikio-hot",

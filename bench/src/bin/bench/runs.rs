@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use wirespeed_bench::cpu;
 use wirespeed_cuda::{DeviceBuffer, DeviceSliceMut, Event, EventOptions, PinnedBuffer, Stream};
-use wirespeed_pinned::{PinBudget, Report, Strategy, StreamConfig, Streamer};
+use wirespeed_pinned::{MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 /// The chunk size of the baselines.
 pub const CHUNK: u64 = 64 * MIB;
@@ -346,22 +346,26 @@ pub struct LibRun {
     pub spans: Option<(u64, bool)>,
     /// `StreamConfig::reserve_threads`, when not the default.
     pub reserve: Option<usize>,
+    /// Map the file anew for every repetition, inside the timed region (the
+    /// page cache stays warm; the mapping's page tables start empty): what a
+    /// program gets for a file it opens, streams once and closes.
+    pub new_map: bool,
 }
 
 fn transfer(
     streamer: &Streamer,
-    data: &Data,
+    file: &Arc<MappedFile>,
     range: &Range<u64>,
     target: &mut Dest,
     spans: Option<(u64, bool)>,
 ) -> Result<Report> {
     if let Some((span, queued)) = spans {
-        return transfer_spans(streamer, data, range, target, span, queued);
+        return transfer_spans(streamer, file, range, target, span, queued);
     }
     Ok(if target.scratch {
-        streamer.to_scratch(&data.file, range.clone(), &mut target.buf)?
+        streamer.to_scratch(file, range.clone(), &mut target.buf)?
     } else {
-        streamer.to_device(&data.file, range.clone(), &mut target.buf)?
+        streamer.to_device(file, range.clone(), &mut target.buf)?
     })
 }
 
@@ -372,7 +376,7 @@ fn transfer(
 /// of all, the highest peak, and `chained` when every later transfer was.
 fn transfer_spans(
     streamer: &Streamer,
-    data: &Data,
+    file: &Arc<MappedFile>,
     range: &Range<u64>,
     target: &mut Dest,
     span: u64,
@@ -399,7 +403,7 @@ fn transfer_spans(
         let dst = unsafe { DeviceSliceMut::<u8>::from_raw_parts(base.wrapping_add(off as usize), n as usize, dev) };
         let started = dst
             .map_err(Fatal::from)
-            .and_then(|dst| Ok(streamer.start(&data.file, range.start + off..range.start + off + n, dst)?));
+            .and_then(|dst| Ok(streamer.start(file, range.start + off..range.start + off + n, dst)?));
         match started {
             Ok(t) if queued => pending.push(t),
             Ok(t) => reports.push(t.wait()),
@@ -453,7 +457,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             && spec.warm_up
         {
             b.progress.begin(&format!("{} (untimed first pass)", row.name), 1, 1);
-            let (rep, s) = timed(|| transfer(st, data, &spec.range, target, spec.spans))?;
+            let (rep, s) = timed(|| transfer(st, &data.file, &spec.range, target, spec.spans))?;
             row.note("untimed first pass GB/s", format!("{:.2}", len as f64 / s.seconds / 1e9));
             if rep.registrations > 0 {
                 row.note("its registrations", rep.registrations.to_string());
@@ -479,9 +483,12 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             let (report, s) = timed(|| {
                 let fresh = if kept.is_none() { Some(make(false)?) } else { None };
                 let st = fresh.as_ref().or(kept.as_ref()).ok_or_else(|| Fatal::Run("no streamer".into()))?;
-                let r = transfer(st, data, &spec.range, target, spec.spans)?;
+                // SAFETY: the bench's file is not written while the bench runs.
+                let mapped = if spec.new_map { Some(unsafe { MappedFile::open(&data.path) }?) } else { None };
+                let r = transfer(st, mapped.as_ref().unwrap_or(&data.file), &spec.range, target, spec.spans)?;
                 dev.synchronize()?;
                 drop(fresh); // a fresh streamer's teardown (unregistering) belongs to its pass
+                drop(mapped); // and so does unmapping a file mapped for the pass
                 Ok(r)
             })?;
             row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
@@ -513,7 +520,7 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             // lands, in one more pass, untimed.
             drop(kept);
             b.progress.begin(&format!("{} (untimed verifying pass)", row.name), 1, 1);
-            row.intact = match make(true).and_then(|st| transfer(&st, data, &spec.range, target, spec.spans)) {
+            row.intact = match make(true).and_then(|st| transfer(&st, &data.file, &spec.range, target, spec.spans)) {
                 Ok(Report { verified: Some(ok), .. }) => Intact::Verified(ok),
                 Ok(_) => Intact::Unchecked("the library did not verify".into()),
                 Err(e) => Intact::Unchecked(format!("the verifying pass failed: {e}")),
@@ -690,6 +697,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         copy_streams: wirespeed_pinned::CopyStreams::default(),
         spans: None,
         reserve: None,
+        new_map: false,
     };
 
     if sel("pageable") {
@@ -746,6 +754,28 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         );
         let mut spec = lib("auto", what, Strategy::Auto, lim(), false);
         spec.reps = target_reps;
+        rows.push(library(b, data, &mut dest, spec)?);
+    }
+    if sel("new-map") {
+        let what = format!(
+            "auto with the streamer kept, the file mapped anew for each repetition (page cache warm, page tables \
+             empty): a program that opens, streams once and closes each of its files, within a {} pin budget",
+            fmt_bytes(budget)
+        );
+        let mut spec = lib("new-map", what, Strategy::Auto, lim(), false);
+        spec.new_map = true;
+        rows.push(library(b, data, &mut dest, spec)?);
+    }
+    if sel("one-shot") {
+        let what = format!(
+            "auto with a new streamer and a new mapping for each repetition, both made and dropped in the timed \
+             region: a program that loads one file once, within a {} pin budget",
+            fmt_bytes(budget)
+        );
+        let mut spec = lib("one-shot", what, Strategy::Auto, lim(), false);
+        spec.new_map = true;
+        spec.fresh = true;
+        spec.warm_up = false;
         rows.push(library(b, data, &mut dest, spec)?);
     }
     let customs: Vec<(usize, Custom)> = b.opts.custom.iter().copied().enumerate().collect();
