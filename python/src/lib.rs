@@ -475,8 +475,10 @@ impl PyReport {
     /// bytes copied from registered file pages, and through the pinned ring),
     /// and seconds summed over the threads that spent them:
     /// `register_seconds`, `unregister_seconds`, `window_wait_seconds`,
-    /// `fill_seconds`, `slot_wait_seconds`; and `reserve_threads`, the ring
-    /// threads auto kept in reserve that joined (the copy engine had room);
+    /// `fill_seconds`, `slot_wait_seconds`, `setup_seconds` (allocating the
+    /// ring and making the registration context: a streamer's first transfer);
+    /// and `reserve_threads`, the ring threads auto kept in reserve that
+    /// joined (the copy engine had room);
     /// empty for a host array copied through bounce buffers (waits for it).
     #[getter]
     fn breakdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -489,6 +491,7 @@ impl PyReport {
             d.set_item("window_wait_seconds", b.window_wait_seconds)?;
             d.set_item("fill_seconds", b.fill_seconds)?;
             d.set_item("slot_wait_seconds", b.slot_wait_seconds)?;
+            d.set_item("setup_seconds", b.setup_seconds)?;
             d.set_item("reserve_threads", b.reserve_threads)?;
         }
         Ok(d)

@@ -43,6 +43,7 @@ def test_read_into_whole_file_sync_and_strategies(data_file):
         b = r.breakdown
         assert b["in_place_bytes"] + b["ring_bytes"] == len(data), (strategy, b)
         assert b["reserve_threads"] in (0, 1), b  # only auto's hybrid has a reserve
+        assert b["setup_seconds"] >= 0, b
         if strategy == "ring":
             assert b["in_place_bytes"] == 0 and b["fill_seconds"] > 0, b
 

@@ -183,6 +183,10 @@ fn every_strategy_moves_a_file_exactly() {
         let Some(r) = direct_ok(strategy, s.to_device(&file, 0..LEN as u64, &mut dst)) else { continue };
         check_report(&r, strategy, LEN as u64, &budget);
         assert!(dst.to_vec().unwrap() == data, "{strategy}: data differs");
+        // A streamer's first pass allocates its ring or makes its registration context.
+        if !matches!(strategy, Strategy::WholeFile | Strategy::Direct { .. }) {
+            assert!(r.breakdown.setup_seconds > 0.0, "{strategy}: {}", r.breakdown);
+        }
         match strategy {
             Strategy::WholeFile => assert_eq!(r.registrations, 1),
             Strategy::Windows { .. } => assert!(r.registrations >= 10, "{r}"),

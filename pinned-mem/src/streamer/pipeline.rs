@@ -18,7 +18,7 @@ use super::enter::IN_CALLBACK;
 use super::plan::check_budget;
 use super::reserve::{Joining, Running, reserve_agent};
 use super::ring::{AgentLane, Fill, ring_agent};
-use super::stats::PassStats;
+use super::stats::{PassStats, Step};
 use super::windows::{WindowSrc, window_agent};
 use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock, write};
 use crate::budget::PinBudget;
@@ -129,7 +129,7 @@ impl Shared {
         let whole = held.whole.and_then(|i| st.cache.get(i));
 
         let (window_ctx, windows) = match strategy {
-            Strategy::Windows { .. } | Strategy::Hybrid { .. } => self.window_context(),
+            Strategy::Windows { .. } | Strategy::Hybrid { .. } => stats.time(Step::Setup, || self.window_context()),
             _ => (None, WindowContext::None),
         };
         let mut ctx = self.ctx(file, len, stats);
@@ -242,9 +242,11 @@ impl Shared {
                 self.make_room(st, need, false, None);
                 check_budget(budget, need)?;
             }
-            Strategy::Ring { slots, slot, .. } => held.ring = Some(self.ring_for(st, slots, slot)?),
+            Strategy::Ring { slots, slot, .. } => {
+                held.ring = Some(stats.time(Step::Setup, || self.ring_for(st, slots, slot))?);
+            }
             Strategy::Hybrid { window, slot, threads } => {
-                let r = self.ring_for(st, threads * HYBRID_SLOTS_PER_THREAD, slot)?;
+                let r = stats.time(Step::Setup, || self.ring_for(st, threads * HYBRID_SLOTS_PER_THREAD, slot))?;
                 let w = align_up(window as u64, page_size()) * HYBRID_IN_FLIGHT as u64;
                 self.make_room(st, w, true, None);
                 check_budget(budget, w)?;
@@ -252,7 +254,7 @@ impl Shared {
             }
             Strategy::Direct { slots, slot, .. } => {
                 held.direct = Some(file.open_direct()?);
-                let r = self.ring_for(st, slots, slot)?;
+                let r = stats.time(Step::Setup, || self.ring_for(st, slots, slot))?;
                 held.ring = Some(r);
             }
         }

@@ -95,6 +95,12 @@ pub struct Breakdown {
     /// The ring agents waiting for a free slot (its copies to complete),
     /// summed over their threads.
     pub slot_wait_seconds: f64,
+    /// Making ready before the copies: allocating the pinned ring and
+    /// creating the context windows are registered in. A streamer does this
+    /// on its first pass and keeps both, so later passes count (almost)
+    /// nothing here; a program that makes a streamer per file pays it each
+    /// time.
+    pub setup_seconds: f64,
     /// Reserve ring threads that joined the pass
     /// ([`StreamConfig::reserve_threads`](super::StreamConfig::reserve_threads));
     /// their filling and waiting are counted above with the others'.
@@ -150,6 +156,7 @@ impl Breakdown {
             window_wait_seconds: (self.window_wait_seconds - earlier.window_wait_seconds).max(0.0),
             fill_seconds: (self.fill_seconds - earlier.fill_seconds).max(0.0),
             slot_wait_seconds: (self.slot_wait_seconds - earlier.slot_wait_seconds).max(0.0),
+            setup_seconds: (self.setup_seconds - earlier.setup_seconds).max(0.0),
             reserve_threads: self.reserve_threads.saturating_sub(earlier.reserve_threads),
         }
     }
@@ -158,8 +165,9 @@ impl Breakdown {
 impl std::fmt::Display for Breakdown {
     /// `in place 52% (registering 31.0 ms, unregistering 4.1 ms: 63.5 GB/s,
     /// waiting for copies 10.2 ms), ring 48% (filling 210.5 ms: 9.8 GB/s a
-    /// thread, waiting for slots 50.3 ms, a reserve thread joined)`; a part
-    /// that moved nothing is left out, and a rate where no time was counted.
+    /// thread, waiting for slots 50.3 ms, a reserve thread joined), setting up
+    /// 25.1 ms`; a part that moved nothing is left out, and a rate where no
+    /// time was counted, and setting up under half a millisecond.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = |s: f64| s * 1e3;
         let rate = |r: Option<f64>, what: &str| r.map(|r| format!(": {:.1} GB/s{what}", r / 1e9)).unwrap_or_default();
@@ -191,6 +199,10 @@ impl std::fmt::Display for Breakdown {
                     n => format!(", {n} reserve threads joined"),
                 }
             )?;
+            sep = ", ";
+        }
+        if self.setup_seconds >= 0.0005 {
+            write!(f, "{sep}setting up {:.1} ms", ms(self.setup_seconds))?;
             sep = ", ";
         }
         if sep.is_empty() {

@@ -19,6 +19,7 @@ pub(crate) struct PassStats {
     window_wait_ns: AtomicU64,
     fill_ns: AtomicU64,
     slot_wait_ns: AtomicU64,
+    setup_ns: AtomicU64,
     /// Reserve ring threads that joined the pass.
     pub(super) reserve_joined: AtomicU64,
 }
@@ -36,6 +37,9 @@ pub(super) enum Step {
     Fill,
     /// A ring agent waiting for a free slot (its copies to complete).
     SlotWait,
+    /// Making ready before the copies: allocating the pinned ring, creating
+    /// the registration context.
+    Setup,
 }
 
 impl PassStats {
@@ -46,6 +50,7 @@ impl PassStats {
             Step::WindowWait => &self.window_wait_ns,
             Step::Fill => &self.fill_ns,
             Step::SlotWait => &self.slot_wait_ns,
+            Step::Setup => &self.setup_ns,
         }
     }
 
@@ -73,6 +78,7 @@ impl PassStats {
             window_wait_seconds: s(&self.window_wait_ns),
             fill_seconds: s(&self.fill_ns),
             slot_wait_seconds: s(&self.slot_wait_ns),
+            setup_seconds: s(&self.setup_ns),
             reserve_threads: self.reserve_joined.load(Ordering::Relaxed),
         }
     }

@@ -48,7 +48,7 @@ impl Shared {
         // In the second context when there is one, as windows are: dropping
         // the registration later (to make room) then waits only for its own
         // copies, not for every copy in flight on the device.
-        let (regctx, _) = self.window_context();
+        let (regctx, _) = stats.time(Step::Setup, || self.window_context());
         let create = |r: Range<u64>| PinnedRange::create_in(regctx.as_ref(), file, r, self.opts(), &self.config.budget);
         let (reg, fresh) = stats.time(Step::Register, || match create(target) {
             // A range of the file is registered elsewhere: register just what is asked.

@@ -465,6 +465,9 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
         }
         let mut regs = 0;
         let mut breakdowns = Vec::new();
+        // Per repetition: making and dropping a fresh streamer, mapping and
+        // unmapping the file (zero where the row does not).
+        let mut edges: Vec<[f64; 4]> = Vec::new();
         let reps = spec.reps.max(1);
         for rep in 0..reps {
             target.clear(&b.stream)?;
@@ -481,14 +484,22 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             spec.budget.reset_peak();
             b.progress.begin(&row.name, rep + 1, reps);
             let (report, s) = timed(|| {
+                let t = Instant::now();
                 let fresh = if kept.is_none() { Some(make(false)?) } else { None };
+                let made = t.elapsed().as_secs_f64();
                 let st = fresh.as_ref().or(kept.as_ref()).ok_or_else(|| Fatal::Run("no streamer".into()))?;
+                let t = Instant::now();
                 // SAFETY: the bench's file is not written while the bench runs.
                 let mapped = if spec.new_map { Some(unsafe { MappedFile::open(&data.path) }?) } else { None };
+                let opened = t.elapsed().as_secs_f64();
                 let r = transfer(st, mapped.as_ref().unwrap_or(&data.file), &spec.range, target, spec.spans)?;
                 dev.synchronize()?;
+                let t = Instant::now();
                 drop(fresh); // a fresh streamer's teardown (unregistering) belongs to its pass
+                let dropped = t.elapsed().as_secs_f64();
+                let t = Instant::now();
                 drop(mapped); // and so does unmapping a file mapped for the pass
+                edges.push([made, dropped, opened, t.elapsed().as_secs_f64()]);
                 Ok(r)
             })?;
             row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
@@ -506,6 +517,19 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             b.sample_done_with(&mut row, s, reps, &extra);
         }
         row.registrations = Some(regs / reps as u64);
+        let median_ms = |i: usize| {
+            let mut v: Vec<f64> = edges.iter().map(|e| e[i] * 1e3).collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        if spec.fresh {
+            let what = format!("{:.1} ms, dropped in {:.1} ms (medians)", median_ms(0), median_ms(1));
+            row.note("the streamer made in", what);
+        }
+        if spec.new_map {
+            let what = format!("{:.2} ms, unmapped in {:.2} ms (medians)", median_ms(2), median_ms(3));
+            row.note("the file mapped in", what);
+        }
         if spec.spans.is_none() {
             breakdowns.sort_by(|a, b| a.0.total_cmp(&b.0));
             if let Some(&(seconds, median)) = breakdowns.get(breakdowns.len() / 2) {
@@ -776,7 +800,11 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
         spec.new_map = true;
         spec.fresh = true;
         spec.warm_up = false;
-        rows.push(library(b, data, &mut dest, spec)?);
+        let mut row = library(b, data, &mut dest, spec)?;
+        if row.ok() {
+            row.note("what a streamer's setup costs here, alone", setup_anchors(&b.gpu.device));
+        }
+        rows.push(row);
     }
     let customs: Vec<(usize, Custom)> = b.opts.custom.iter().copied().enumerate().collect();
     let custom_spec = |i: usize, custom: &Custom| {
@@ -868,4 +896,40 @@ mod tests {
             assert!(windows_for(budget).pinned_bytes(64 * GIB).unwrap() <= budget);
         }
     }
+}
+
+/// What a new streamer's first pass sets up, each made and dropped alone
+/// three times (medians): a context to register windows in, and a 64 MiB
+/// pinned buffer (the ring `auto` plans within a 512 MiB budget).
+fn setup_anchors(dev: &wirespeed_cuda::Device) -> String {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN) * 1e3
+    };
+    let (mut ctx_make, mut ctx_drop, mut buf_make, mut buf_drop) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let ctx = wirespeed_cuda::RegistrationContext::new(dev);
+        ctx_make.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let ok = ctx.is_ok();
+        drop(ctx);
+        if ok {
+            ctx_drop.push(t.elapsed().as_secs_f64());
+        }
+        let t = Instant::now();
+        let buf = PinnedBuffer::<u8>::new(64 * MIB as usize);
+        buf_make.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        drop(buf);
+        buf_drop.push(t.elapsed().as_secs_f64());
+    }
+    format!(
+        "a registration context made in {:.1} ms, dropped in {:.1} ms; 64 MiB of pinned memory allocated in {:.1} ms, \
+         freed in {:.1} ms",
+        median(ctx_make),
+        median(ctx_drop),
+        median(buf_make),
+        median(buf_drop)
+    )
 }
