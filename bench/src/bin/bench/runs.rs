@@ -880,24 +880,6 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64) -> Result<Streamed> {
     Ok(Streamed { rows, destination: dest.describe(), kvikio, overlap })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_planned_strategies_fit_their_budget_slack_included() {
-        for budget in [32 * MIB, 64 * MIB, 512 * MIB, 4 * GIB] {
-            for threads in [1, 2, 4, 8, 16, 64] {
-                for s in [ring_for(threads, budget), hybrid_for(threads, budget), direct_for(threads, budget)] {
-                    let need = s.pinned_bytes(64 * GIB).unwrap();
-                    assert!(need <= budget, "{s} needs {need} of a {budget}-byte budget");
-                }
-            }
-            assert!(windows_for(budget).pinned_bytes(64 * GIB).unwrap() <= budget);
-        }
-    }
-}
-
 /// What a new streamer's first pass sets up, each made and dropped alone
 /// three times (medians): a context to register windows in, and a 64 MiB
 /// pinned buffer (the ring `auto` plans within a 512 MiB budget).
@@ -932,4 +914,22 @@ fn setup_anchors(dev: &wirespeed_cuda::Device) -> String {
         median(buf_make),
         median(buf_drop)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_planned_strategies_fit_their_budget_slack_included() {
+        for budget in [32 * MIB, 64 * MIB, 512 * MIB, 4 * GIB] {
+            for threads in [1, 2, 4, 8, 16, 64] {
+                for s in [ring_for(threads, budget), hybrid_for(threads, budget), direct_for(threads, budget)] {
+                    let need = s.pinned_bytes(64 * GIB).unwrap();
+                    assert!(need <= budget, "{s} needs {need} of a {budget}-byte budget");
+                }
+            }
+            assert!(windows_for(budget).pinned_bytes(64 * GIB).unwrap() <= budget);
+        }
+    }
 }
