@@ -354,6 +354,32 @@ impl MappedFile {
         Ok(resident)
     }
 
+    /// About how many bytes of `range` are in the page cache: exact
+    /// ([`MappedFile::resident_bytes`]) up to 64 MiB, else from 256 evenly
+    /// spaced samples of 64 KiB. `mincore` of a whole range costs a page
+    /// cache lookup per 4 KiB page wherever the mapping's page tables are
+    /// still empty (a file mapped for one pass): 34-43 ms per 2 GiB measured,
+    /// against 0.5 ms once populated, and about a third of a 4 GiB pass at
+    /// the line rate; the plan needs only whether most of it is cached.
+    pub(crate) fn resident_estimate(&self, range: Range<u64>) -> Result<u64> {
+        const PROBES: u64 = 256;
+        const PROBE: u64 = 64 << 10;
+        if range.start > range.end || range.end > self.len {
+            return Err(Error::BadRange { range, len: self.len, reason: "outside the file" });
+        }
+        let len = range.end - range.start;
+        if len <= 64 << 20 {
+            return self.resident_bytes(range);
+        }
+        let mut sampled = 0u64;
+        for k in 0..PROBES {
+            let start = range.start + (len - PROBE) / (PROBES - 1) * k;
+            sampled += self.resident_bytes(start..start + PROBE)?;
+        }
+        let share = sampled as f64 / (PROBES * PROBE) as f64;
+        Ok((share * len as f64) as u64)
+    }
+
     /// Opens the same file again with `O_DIRECT` (reads bypass the page cache),
     /// checking it is still the same file.
     pub(crate) fn open_direct(&self) -> Result<File> {
@@ -522,6 +548,23 @@ mod tests {
         let p = std::env::temp_dir().join(format!("pinned-mem-unit-{}-{name}", std::process::id()));
         std::fs::write(&p, data).unwrap();
         p
+    }
+
+    #[test]
+    fn a_resident_estimate_samples_long_ranges() {
+        let data = vec![7u8; (96 << 20) + 4321];
+        let p = temp("estimate", &data);
+        let f = open(&p).unwrap();
+        let len = f.len();
+        // Read it once: it was just written, so its pages are cached anyway.
+        assert!(f.as_bytes().iter().step_by(4096).all(|&b| b == 7));
+        let exact = f.resident_bytes(0..len).unwrap();
+        let est = f.resident_estimate(0..len).unwrap();
+        assert!(est <= len && est.abs_diff(exact) <= len / 8, "exact {exact}, estimate {est}");
+        // Short ranges are exact.
+        assert_eq!(f.resident_estimate(100..5000).unwrap(), f.resident_bytes(100..5000).unwrap());
+        assert!(f.resident_estimate(0..len + 1).is_err());
+        std::fs::remove_file(p).unwrap();
     }
 
     #[test]

@@ -207,6 +207,42 @@ fn every_strategy_moves_a_file_exactly() {
 }
 
 #[test]
+fn prepare_makes_the_ring_and_the_context_before_the_first_transfer() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = DiskDir::new("prepare");
+    let len = (200 << 20) + 777;
+    let (file, data) = data_file(&dir, 13, len);
+    let dev = Device::get(0).unwrap();
+    let budget = PinBudget::new(160 << 20);
+    let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, budget.clone())).unwrap();
+    let plan = s.prepare(len as u64).unwrap();
+    assert_eq!(plan, s.resolve(len as u64));
+    let (ring, windows) = match plan {
+        Strategy::Hybrid { .. } => (true, true),
+        Strategy::Ring { .. } => (true, false),
+        Strategy::Windows { .. } => (false, true),
+        other => panic!("a 200 MiB file within 160 MiB: {other}"),
+    };
+    assert!(ring && windows, "{plan}: a hybrid, so that both are made ahead");
+    assert_eq!(budget.used() > 0, ring, "{plan}");
+    if let Some(c) = t.counters() {
+        assert_eq!(c.contexts, u64::from(windows), "{plan}");
+    }
+    let mut dst = DeviceBuffer::<u8>::new(&dev, len).unwrap();
+    let r = s.to_device(&file, 0..len as u64, &mut dst).unwrap();
+    check_report(&r, Strategy::Auto, len as u64, &budget);
+    assert!(dst.to_vec().unwrap() == data, "{plan}: data differs");
+    // Preparing again (or for a plan it holds) makes nothing new.
+    let used = budget.used();
+    s.prepare(len as u64).unwrap();
+    assert_eq!(budget.used(), used);
+    drop((s, dst));
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+#[test]
 fn auto_picks_from_the_budget() {
     let t = start();
     let _w = Watchdog::new(120);

@@ -329,6 +329,54 @@ impl Streamer {
         plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
     }
 
+    /// Makes ready now what the first transfer of `file_len` bytes would make
+    /// (for the plan [`Streamer::resolve`] answers): the pinned ring, and the
+    /// second context windows are registered in
+    /// ([`StreamConfig::second_context`]). A streamer keeps both, so only its
+    /// first transfer pays for them, and this moves that cost to when you
+    /// choose (start-up, say, or another thread: a `Streamer` is `Sync`).
+    /// Measured on an H200 host: making the context took 107 ms and allocating
+    /// a 64 MiB ring 34 ms, where the 4 GiB transfer that needed them took
+    /// 91 ms. Returns the plan. Keep one streamer rather than one per file:
+    /// dropping it gives both back (90 ms there).
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy, Streamer};
+    /// let budget = PinBudget::new(512 << 20);
+    /// let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, budget.clone()))?;
+    /// let plan = s.prepare(4 << 30)?; // the files to come are about 4 GiB each
+    /// assert!(matches!(plan, Strategy::Hybrid { .. }));
+    /// assert!(budget.used() > 0); // its ring is pinned already
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BudgetExceeded`] when the ring does not fit the budget; the
+    /// runtime's error allocating it; [`Error::InvalidArgument`] from inside
+    /// a callback of this streamer. A context that cannot be made is no
+    /// error: windows then use the primary context, as a transfer would.
+    pub fn prepare(&self, file_len: u64) -> Result<Strategy> {
+        let plan = self.resolve(file_len);
+        let (_owner, mut st) = self.shared.enter("Streamer::prepare")?;
+        let s = &*self.shared;
+        match plan.normalized()? {
+            Strategy::Ring { slots, slot, .. } => {
+                s.ring_for(&mut st, slots, slot)?;
+            }
+            Strategy::Hybrid { slot, threads, .. } => {
+                s.ring_for(&mut st, threads * crate::strategy::HYBRID_SLOTS_PER_THREAD, slot)?;
+                s.window_context();
+            }
+            Strategy::Windows { .. } | Strategy::WholeFile => {
+                s.window_context();
+            }
+            _ => {}
+        }
+        Ok(plan)
+    }
+
     /// Moves file bytes `range` to `dst` on its device, and returns once they
     /// have landed. `dst` is a whole buffer (`&mut DeviceBuffer<T>`) or any
     /// writable view ([`DeviceSliceMut`]: part of a larger buffer, a part from

@@ -38,7 +38,7 @@ impl Shared {
         let len = range.end - range.start;
         let avail = self.usable(kept(st));
         let cold = len > avail && {
-            let resident = file.resident_bytes(range.clone()).unwrap_or(len);
+            let resident = file.resident_estimate(range.clone()).unwrap_or(len);
             resident < len / 2
         };
         plan(len, avail, cpus(), cold).ok_or(Error::BudgetExceeded {
