@@ -55,12 +55,19 @@
 //!   a tmpfs mounted with huge pages (`huge=always`).
 //! * The ring's `memcpy` from a page-cached mapping fills about 8.5 GB/s per
 //!   thread (0.115 CPU s/GB), whatever the method (glibc, `rep movsb`, AVX2
-//!   stores, non-temporal stores).
+//!   stores, non-temporal stores), and 5-8 GB/s per thread with several, as
+//!   fast as the host's memory allows: on lent machines that changes from
+//!   start to start (16 threads read a page-cached file at 27 to 73 GB/s).
+//!   Non-temporal stores into the ring's slots were slower end to end.
 //! * A page-cached file 8 times the budget (4 GiB, 512 MiB): [`Strategy::Auto`]
-//!   (windows beside a 4-thread ring) reached 0.75-0.93 of the line rate at
-//!   0.067-0.12 CPU s/GB, as fast as the machine registered; the 16-thread
-//!   ring 0.73-0.84 at 0.23-0.38; KvikIO 26.10 0.80-0.85 at 0.34-0.36. A 40 GiB
-//!   file with a 4 GiB budget: 0.97 at 0.052.
+//!   (windows beside a 4-thread ring) reached 0.73-0.96 of the line rate at
+//!   0.067-0.14 CPU s/GB, as fast as the machine registered and copied; the
+//!   16-thread ring 0.66-0.84 at 0.23-0.42; KvikIO 26.10 0.80-0.87 at
+//!   0.33-0.36. A 40 GiB file with a 4 GiB budget: 0.68-0.97 at 0.052-0.16.
+//! * A streamer's first transfer makes its ring and the context windows are
+//!   registered in (about 150 ms together; a 4 GiB transfer takes about 90):
+//!   keep one streamer for many files, and call [`Streamer::prepare`] to make
+//!   them ahead.
 //! * Cold files: `O_DIRECT` into the ring, 0.96-1.10 of the disk's parallel
 //!   `O_DIRECT` rate.
 //!
