@@ -132,6 +132,17 @@ impl Strategy {
         self.bytes_pinned(len, true)
     }
 
+    /// The ring the strategy streams through, as (slots, slot bytes): the
+    /// ring's and `O_DIRECT`'s own, and [`HYBRID_SLOTS_PER_THREAD`] per ring
+    /// thread for the hybrid. `None` for strategies without a ring.
+    pub(crate) fn ring_shape(&self) -> Option<(usize, usize)> {
+        match *self {
+            Strategy::Ring { slots, slot, .. } | Strategy::Direct { slots, slot, .. } => Some((slots, slot)),
+            Strategy::Hybrid { slot, threads, .. } => Some((threads.saturating_mul(HYBRID_SLOTS_PER_THREAD), slot)),
+            _ => None,
+        }
+    }
+
     /// [`Strategy::pinned_bytes`] without the slots' alignment slack: what
     /// the strategy pins where `cudaHostAlloc` page-aligns its blocks (as the
     /// CUDA runtime does for slots of a few MiB). The streamer checks a given

@@ -361,18 +361,12 @@ impl Streamer {
         let plan = self.resolve(file_len);
         let (_owner, mut st) = self.shared.enter("Streamer::prepare")?;
         let s = &*self.shared;
-        match plan.normalized()? {
-            Strategy::Ring { slots, slot, .. } => {
-                s.ring_for(&mut st, slots, slot)?;
-            }
-            Strategy::Hybrid { slot, threads, .. } => {
-                s.ring_for(&mut st, threads * crate::strategy::HYBRID_SLOTS_PER_THREAD, slot)?;
-                s.window_context();
-            }
-            Strategy::Windows { .. } | Strategy::WholeFile => {
-                s.window_context();
-            }
-            _ => {}
+        let runs = plan.normalized()?;
+        if matches!(runs, Strategy::Ring { .. } | Strategy::Hybrid { .. }) {
+            s.ring_of(&mut st, runs)?;
+        }
+        if matches!(runs, Strategy::Hybrid { .. } | Strategy::Windows { .. } | Strategy::WholeFile) {
+            s.window_context();
         }
         Ok(plan)
     }

@@ -27,7 +27,7 @@ use crate::mapping::MappedFile;
 use crate::range::{PinOptions, PinnedRange};
 use crate::ring::PinnedRing;
 use crate::sink::Sink;
-use crate::strategy::{HYBRID_IN_FLIGHT, HYBRID_SLOTS_PER_THREAD, Strategy};
+use crate::strategy::{HYBRID_IN_FLIGHT, Strategy};
 use crate::util::{align_up, page_size, process_cpu_seconds};
 
 /// What a strategy holds for one transfer, made ready before any copy.
@@ -242,20 +242,17 @@ impl Shared {
                 self.make_room(st, need, false, None);
                 check_budget(budget, need)?;
             }
-            Strategy::Ring { slots, slot, .. } => {
-                held.ring = Some(stats.time(Step::Setup, || self.ring_for(st, slots, slot))?);
-            }
-            Strategy::Hybrid { window, slot, threads } => {
-                let r = stats.time(Step::Setup, || self.ring_for(st, threads * HYBRID_SLOTS_PER_THREAD, slot))?;
+            Strategy::Ring { .. } => held.ring = stats.time(Step::Setup, || self.ring_of(st, strategy))?,
+            Strategy::Hybrid { window, .. } => {
+                let r = stats.time(Step::Setup, || self.ring_of(st, strategy))?;
                 let w = align_up(window as u64, page_size()) * HYBRID_IN_FLIGHT as u64;
                 self.make_room(st, w, true, None);
                 check_budget(budget, w)?;
-                held.ring = Some(r);
+                held.ring = r;
             }
-            Strategy::Direct { slots, slot, .. } => {
+            Strategy::Direct { .. } => {
                 held.direct = Some(file.open_direct()?);
-                let r = stats.time(Step::Setup, || self.ring_for(st, slots, slot))?;
-                held.ring = Some(r);
+                held.ring = stats.time(Step::Setup, || self.ring_of(st, strategy))?;
             }
         }
         Ok(held)

@@ -28,6 +28,7 @@ use super::{Shared, read, write};
 use crate::error::Result;
 use crate::ring::PinnedRing;
 use crate::sink::{Sink, mask_streams};
+use crate::strategy::Strategy;
 
 impl Shared {
     /// The streamer's ring of `slots` slots of `slot` bytes: the one it keeps
@@ -47,6 +48,12 @@ impl Shared {
         let ring = PinnedRing::new(slots, slot, &self.config.budget)?;
         st.ring = Some(ring.clone());
         Ok(ring)
+    }
+
+    /// [`Shared::ring_for`] the shape `strategy` streams through
+    /// ([`Strategy::ring_shape`]); `None` for a strategy without a ring.
+    pub(super) fn ring_of(&self, st: &mut State, strategy: Strategy) -> Result<Option<PinnedRing>> {
+        strategy.ring_shape().map(|(slots, slot)| self.ring_for(st, slots, slot)).transpose()
     }
 }
 
