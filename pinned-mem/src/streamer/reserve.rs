@@ -115,9 +115,12 @@ pub(super) fn reserve_agent<S: Sink>(
 
 /// Whether the ring moved bytes over a span of `thread_seconds` (its length
 /// times the ring's threads) while its threads waited for free slots less
-/// than `room` of that time.
+/// than `room` of that time; a `room` of 1 or more always (as
+/// `StreamConfig::reserve_room` documents: a wait is counted when it ends, so
+/// one that began before the span can exceed it, and a slow copy engine can
+/// leave a span without a filled slot).
 fn has_room(d: &Breakdown, thread_seconds: f64, room: f64) -> bool {
-    d.ring_bytes > 0 && d.slot_wait_seconds < room * thread_seconds
+    room >= 1.0 || (d.ring_bytes > 0 && d.slot_wait_seconds < room * thread_seconds)
 }
 
 /// Sleeps `span` in naps; false once the ring's agents have all stopped or
@@ -149,6 +152,11 @@ mod tests {
         assert!(!has_room(&d, 0.040, 0.10));
         assert!(has_room(&d, 0.040, 1.0), "1 joins at the first look");
         assert!(!has_room(&Breakdown { slot_wait_seconds: 0.0, ..d }, 0.040, 0.0), "0 never joins");
-        assert!(!has_room(&Breakdown::default(), 0.040, 1.0), "a ring that moved nothing");
+        assert!(!has_room(&Breakdown::default(), 0.040, 0.5), "a ring that moved nothing");
+        // A wait that began before the span is counted whole when it ends.
+        let long_wait = Breakdown { slot_wait_seconds: 0.050, ..d };
+        assert!(!has_room(&long_wait, 0.010, 0.9));
+        assert!(has_room(&long_wait, 0.010, 1.0), "1 joins whatever the span saw");
+        assert!(has_room(&Breakdown::default(), 0.040, 1.0), "also where no slot was filled");
     }
 }
