@@ -19,7 +19,7 @@
 //! may still run while the stream's next callback needs a thread), and an idle
 //! thread exits after [`IDLE`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -53,12 +53,25 @@ thread_local! {
     /// The gate of the closure running on this pool thread, while it still
     /// holds its stream.
     static HELD: RefCell<Option<Arc<Gate>>> = const { RefCell::new(None) };
+    /// Whether `HELD` may hold a gate: a plain flag (no destructor, so reading
+    /// it is one load), which every CUDA call of the crate checks first.
+    static HOLDING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Lets the stream whose closure runs on this thread go on (see the module
-/// docs). Called before every CUDA call of this crate; a no-op elsewhere.
+/// docs). Called before every CUDA call of this crate; a no-op elsewhere, and
+/// there one thread-local load.
 #[inline]
 pub(crate) fn release() {
+    if HOLDING.get() {
+        release_held();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn release_held() {
+    HOLDING.set(false);
     // `try_with`: also called from destructors during thread teardown.
     let _ = HELD.try_with(|h| {
         if let Ok(mut h) = h.try_borrow_mut()
@@ -88,6 +101,7 @@ fn worker() {
         if let Some((f, gate)) = queue.pop_front() {
             drop(queue);
             HELD.with(|h| *h.borrow_mut() = Some(gate));
+            HOLDING.set(true);
             // A panic must not end the thread (or reach the runtime).
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             release();
