@@ -206,6 +206,7 @@ static uint64_t g_dev_mem = (uint64_t)16 << 30;
 static int g_version = 13000;
 static device_t g_dev[MAX_DEVICES];
 static _Atomic unsigned g_delay_us;
+static _Atomic int g_hold;                    /* cudaEmuHold: workers start no operation */
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int tl_device;                /* current device of this host thread */
@@ -563,6 +564,9 @@ static void cv_wait(emu_cv *cv) {
     cv->waiters--;
 }
 
+/* Broadcast (under g_lock) when cudaEmuHold releases the workers. */
+static emu_cv g_hold_cv;
+
 static int overlaps(uintptr_t a, uintptr_t alen, uintptr_t b, uintptr_t blen) {
     return a < b + blen && b < a + alen;
 }
@@ -676,6 +680,7 @@ static void *worker_main(void *arg) {
         for (int i = 0; i < o->ndeps; i++)
             while (o->deps[i].s->done_seq < o->deps[i].seq)
                 cv_wait(&o->deps[i].s->done_cv);
+        while (atomic_load(&g_hold)) cv_wait(&g_hold_cv);
         pthread_mutex_unlock(&g_lock);
 
         if (o->delay_us) sleep_us(o->delay_us);
@@ -2023,6 +2028,14 @@ EXPORT int cudaEmuSetDelayUs(unsigned int us) {
     return 0;
 }
 
+EXPORT int cudaEmuHold(int on) {
+    pthread_mutex_lock(&g_lock);
+    atomic_store(&g_hold, on != 0);
+    if (!on) cv_broadcast(&g_hold_cv);
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
 EXPORT int cudaEmuInjectFault(const char *name, unsigned int nth, int error, int sticky) {
     int fn = func_index(name);
     if (fn < 0) return -1;
@@ -2040,6 +2053,8 @@ EXPORT int cudaEmuReset(void) {
     g_nfaults_len = 0;
     atomic_store(&g_nfaults, 0);
     atomic_store(&g_sticky, 0);
+    atomic_store(&g_hold, 0);
+    cv_broadcast(&g_hold_cv);
     atomic_fetch_add(&g_epoch, 1);
     pthread_mutex_unlock(&g_lock);
     return 0;

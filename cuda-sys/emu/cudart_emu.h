@@ -39,13 +39,17 @@ typedef struct cudaEmuCounters {
 int cudaEmuGetCounters(cudaEmuCounters *out);
 /* Sets the per-operation delay in microseconds for operations enqueued later. Returns 0. */
 int cudaEmuSetDelayUs(unsigned int us);
+/* on != 0: stream workers start no further operation (an operation already
+ * running finishes) until cudaEmuHold(0) or cudaEmuReset; a test's way of
+ * keeping work provably unfinished. Returns 0. */
+int cudaEmuHold(int on);
 /* Makes the nth call (1-based, counted from now) of the function named `name`
  * return `error` without any other effect. With `sticky` set, that call and every
  * later call of every function return `error` until cudaEmuReset (a lost context).
  * Returns 0, or -1 for an unknown function name. */
 int cudaEmuInjectFault(const char *name, unsigned int nth, int error, int sticky);
-/* Removes pending faults and clears a sticky error and every thread's last error.
- * Leaves resources alone. Returns 0. */
+/* Removes pending faults, clears a sticky error and every thread's last error,
+ * and lets held workers go on (cudaEmuHold). Leaves resources alone. Returns 0. */
 int cudaEmuReset(void);
 /* Number of calls made so far to the function named `name` (monotonic; -1 if unknown). */
 long long cudaEmuCallCount(const char *name);

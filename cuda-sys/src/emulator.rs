@@ -133,6 +133,7 @@ impl Counters {
 pub struct Controls {
     get_counters: unsafe extern "C" fn(*mut Counters) -> c_int,
     set_delay_us: unsafe extern "C" fn(c_uint) -> c_int,
+    hold: unsafe extern "C" fn(c_int) -> c_int,
     inject_fault: unsafe extern "C" fn(*const c_char, c_uint, c_int, c_int) -> c_int,
     reset: unsafe extern "C" fn() -> c_int,
     call_count: unsafe extern "C" fn(*const c_char) -> i64,
@@ -160,6 +161,20 @@ impl Controls {
         unsafe { (self.set_delay_us)(us) };
     }
 
+    /// `true`: the streams' workers start no further operation (one already
+    /// running finishes) until `hold(false)` or [`Controls::reset`]. A test's
+    /// way to keep work provably unfinished, whatever the machine's speed.
+    ///
+    /// ```
+    /// let ctl = wirespeed_cuda_sys::emulator::controls().unwrap();
+    /// ctl.hold(true);
+    /// ctl.hold(false);
+    /// ```
+    pub fn hold(&self, on: bool) {
+        // SAFETY: plain value argument.
+        unsafe { (self.hold)(c_int::from(on)) };
+    }
+
     /// Makes the `nth` call (1-based, from now) of `function` fail with `error`
     /// (a raw `cudaError_t` value); `sticky` also fails every later call until
     /// [`Controls::reset`]. Returns false for an unknown function name, and for
@@ -174,7 +189,8 @@ impl Controls {
         unsafe { (self.inject_fault)(name.as_ptr(), nth, error as c_int, c_int::from(sticky)) == 0 }
     }
 
-    /// Clears pending faults, a sticky error and last errors; resources stay.
+    /// Clears pending faults, a sticky error and last errors, and ends a
+    /// [`Controls::hold`]; resources stay.
     pub fn reset(&self) {
         // SAFETY: no arguments.
         unsafe { (self.reset)() };
@@ -270,13 +286,15 @@ pub fn controls() -> Result<Controls, LoadError> {
                     Ok(p)
                 }
             };
-            // SAFETY (all six): the symbols are the emulator's control functions,
+            // SAFETY (all seven): the symbols are the emulator's control functions,
             // whose C signatures cudart_emu.h declares as these types.
             Ok(Controls {
                 // SAFETY: see above.
                 get_counters: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Counters) -> c_int>(sym("cudaEmuGetCounters")?) },
                 // SAFETY: see above.
                 set_delay_us: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_uint) -> c_int>(sym("cudaEmuSetDelayUs")?) },
+                // SAFETY: see above.
+                hold: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> c_int>(sym("cudaEmuHold")?) },
                 // SAFETY: see above.
                 inject_fault: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, c_uint, c_int, c_int) -> c_int>(sym("cudaEmuInjectFault")?) },
                 // SAFETY: see above.

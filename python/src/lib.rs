@@ -996,6 +996,23 @@ fn _emulator_set_delay_us(us: u32) -> PyResult<()> {
     }
 }
 
+/// `True`: the emulated streams start no further operation until
+/// `_emulator_hold(False)` or `_emulator_reset()` (emulator only): work that
+/// provably does not finish, for tests of interrupts.
+#[pyfunction]
+fn _emulator_hold(on: bool) -> PyResult<()> {
+    #[cfg(feature = "emulator")]
+    {
+        wirespeed_cuda_sys::emulator::controls().map_err(err)?.hold(on);
+        Ok(())
+    }
+    #[cfg(not(feature = "emulator"))]
+    {
+        let _ = on;
+        Err(no_emulator())
+    }
+}
+
 /// Makes the `nth` call from now (1-based) of the runtime function
 /// `function` fail with the CUDA error `error` (not 0); `sticky`: every
 /// later call too, until `_emulator_reset()` (emulator only).
@@ -1050,6 +1067,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pinned_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_emulator_counters, m)?)?;
     m.add_function(wrap_pyfunction!(_emulator_set_delay_us, m)?)?;
+    m.add_function(wrap_pyfunction!(_emulator_hold, m)?)?;
     m.add_function(wrap_pyfunction!(_emulator_inject_fault, m)?)?;
     m.add_function(wrap_pyfunction!(_emulator_reset, m)?)?;
     Ok(())
