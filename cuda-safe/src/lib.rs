@@ -95,6 +95,7 @@ mod context;
 mod device;
 mod error;
 mod hostfn;
+pub mod locks;
 mod memory;
 mod raw;
 mod stream;

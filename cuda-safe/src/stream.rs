@@ -20,7 +20,7 @@ use wirespeed_cuda_sys::{Api, cudaEvent_t, cudaStream_t};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     crate::hostfn::release(); // see hostfn: a holder may wait for this thread's stream
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    crate::locks::lock(m)
 }
 
 // The fields a copy reads come first, and the whole fits one cache line

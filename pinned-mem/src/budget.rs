@@ -3,7 +3,7 @@
 //! was allowed to. Running out is a clear [`Error::BudgetExceeded`], never a
 //! crash of the machine.
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
 
@@ -37,9 +37,7 @@ struct State {
     watches: Vec<Weak<Mutex<u64>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use wirespeed_cuda::locks::lock;
 
 impl std::fmt::Debug for PinBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

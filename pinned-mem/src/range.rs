@@ -16,7 +16,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
 use wirespeed_cuda::{Device, HostRegistration, PinnedSlice, RegisterFlags, RegistrationContext};
 
@@ -86,9 +86,7 @@ impl Registry {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use wirespeed_cuda::locks::lock;
 
 /// A registration shared by every [`PinnedRange`] inside it. Fields drop in
 /// order: the registration first (waits for copies, unregisters, then drops

@@ -34,7 +34,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use wirespeed_cuda::{Device, DeviceSink, Event, EventOptions, PinnedBuffer, PinnedFlags, PinnedSlice, Stream};
@@ -43,9 +43,7 @@ use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
 use crate::util::page_size;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use wirespeed_cuda::locks::lock;
 
 /// K pinned slots of `slot_bytes`, allocated once (`cudaHostAlloc`, portable)
 /// and drawn from a [`PinBudget`]; producer threads fill free slots, a stream

@@ -33,7 +33,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::buffer::PyBuffer;
@@ -62,10 +62,7 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     Error::new_err(e.to_string())
 }
 
-/// Locks `m`, also when a panic poisoned it.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use wirespeed_cuda::locks::lock;
 
 // ------------------------------------------------------------------ runtime
 

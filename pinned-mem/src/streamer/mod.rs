@@ -53,7 +53,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, Pod, Stream};
@@ -90,20 +90,7 @@ pub use transfer::{StartOptions, Transfer};
 
 use transfer::{Job, TransferState, Worker};
 
-/// Locks `m`, also when a panic poisoned it.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Shares `m`, also when a panic poisoned it.
-fn read<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Locks `m` for writing, also when a panic poisoned it.
-fn write<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use wirespeed_cuda::locks::{lock, read, write};
 
 /// The pinned bounce buffer of verification.
 const VERIFY_BOUNCE: u64 = 1 << 20;
