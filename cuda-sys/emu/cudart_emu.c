@@ -339,7 +339,8 @@ static int ret(int e) { return e == cudaErrorNotReady ? e : set_err(e); }
     X(cudaEventDestroy) X(cudaGetDriverEntryPoint) X(cudaGetDriverEntryPointByVersion)            \
     X(cuGetErrorName) X(cuGetErrorString) X(cuInit) X(cuDeviceGet) X(cuCtxCreate_v2)              \
     X(cuCtxDestroy_v2) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetCurrent)            \
-    X(cuCtxSetCurrent) X(cuMemHostRegister_v2) X(cuMemHostUnregister)
+    X(cuCtxSetCurrent) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cudaLaunchKernel)         \
+    X(cudaLibraryLoadData) X(cudaLibraryUnload) X(cudaLibraryGetKernel)
 
 enum {
 #define X(n) F_##n,
@@ -575,7 +576,10 @@ static int overlaps(uintptr_t a, uintptr_t alen, uintptr_t b, uintptr_t blen) {
 /* 6. Streams, operations and their worker threads                          */
 /* ======================================================================== */
 
-enum { OP_COPY, OP_MEMSET, OP_HOSTFN, OP_EVENT, OP_WAIT };
+enum { OP_COPY, OP_MEMSET, OP_HOSTFN, OP_EVENT, OP_WAIT, OP_KERNEL };
+
+#define KERNEL_MAX_PARAMS 8
+typedef struct emu_kernel kernel_def;
 
 typedef struct {
     stream *s;
@@ -596,6 +600,8 @@ typedef struct op {
     int value;            /* OP_MEMSET */
     cudaHostFn_t fn;      /* OP_HOSTFN */
     void *arg;
+    const kernel_def *kern; /* OP_KERNEL: what runs, with its parameters' values */
+    uint64_t params[KERNEL_MAX_PARAMS];
     event *ev;            /* OP_EVENT (holds a reference) */
     uint64_t ev_gen;
     struct timespec when; /* OP_EVENT: when the marker ran */
@@ -651,8 +657,11 @@ static void wait_seq_locked(stream *s, uint64_t seq) {
     stream_unref_locked(s);
 }
 
+static void run_kernel(op_t *o);
+
 static void run_op(op_t *o) {
     switch (o->kind) {
+    case OP_KERNEL: run_kernel(o); break;
     case OP_COPY: memmove(o->dst, o->staging ? o->staging : o->src, o->n); break;
     case OP_MEMSET: memset(o->dst, o->value, o->n); break;
     case OP_HOSTFN:
@@ -1558,6 +1567,236 @@ EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *use
     }
     pthread_mutex_unlock(&g_lock);
     return set_err(e);
+}
+
+/* --- kernels: libraries of PTX text, and the kernels the emulator can run --- */
+
+typedef struct { unsigned x, y, z; } dim3;
+
+/* A kernel the emulator runs on the host in place of the device code of the
+ * same entry name. Its parameters are 8 bytes each (pointers and 64-bit
+ * integers), copied at launch as the runtime copies them. `check` runs on the
+ * stream's worker (g_lock held) just before `run`: it says whether every
+ * address the device code would touch is memory the device may use; when not,
+ * the launch fails as a device fault does, with the sticky
+ * cudaErrorIllegalAddress. */
+struct emu_kernel {
+    const char *name;
+    int nparams;
+    int (*check_locked)(const uint64_t *p);
+    void (*run)(const uint64_t *p);
+};
+
+/* Memory [p, p+n) the device may read: inside one device allocation, a
+ * pinned block or a registration the runtime sees. */
+static int device_readable_locked(uintptr_t p, size_t n) {
+    if (p + n < p) return 0;
+    devalloc_t *d = devalloc_find(p);
+    if (d) return n <= d->size - (p - d->start);
+    return hostblock_find(p, n) || hostreg_find(p, n);
+}
+
+/* Device memory [p, p+n) the device may write: inside one allocation. */
+static int device_writable_locked(uintptr_t p, size_t n) {
+    if (p + n < p) return 0;
+    devalloc_t *d = devalloc_find(p);
+    return d && n <= d->size - (p - d->start);
+}
+
+/* wirespeed_gather(dst, src, offsets, n, rec): record k of the batch (`rec`
+ * bytes at dst + k * rec) is the `rec` bytes at src + offsets[k]. */
+static int gather_check_locked(const uint64_t *p) {
+    uintptr_t dst = p[0], src = p[1], off = p[2];
+    uint64_t n = p[3], rec = p[4];
+    if (n == 0) return 1;
+    if (rec == 0 || n > UINT64_MAX / rec || n > UINT64_MAX / 8) return 0;
+    if (!device_writable_locked(dst, n * rec) || !device_readable_locked(off, n * 8)) return 0;
+    const uint64_t *offsets = (const uint64_t *)off;
+    for (uint64_t k = 0; k < n; k++)
+        if (offsets[k] > UINTPTR_MAX - src || !device_readable_locked(src + offsets[k], rec)) return 0;
+    /* The device writes the batch while it reads the records: they must not overlap. */
+    for (uint64_t k = 0; k < n; k++)
+        if (overlaps(dst, n * rec, src + offsets[k], rec)) return 0;
+    return 1;
+}
+
+static void gather_run(const uint64_t *p) {
+    unsigned char *dst = (unsigned char *)(uintptr_t)p[0];
+    const unsigned char *src = (const unsigned char *)(uintptr_t)p[1];
+    const uint64_t *offsets = (const uint64_t *)(uintptr_t)p[2];
+    uint64_t n = p[3], rec = p[4];
+    for (uint64_t k = 0; k < n; k++) memcpy(dst + k * rec, src + offsets[k], rec);
+}
+
+static const kernel_def k_kernels[] = {
+    {"wirespeed_gather", 5, gather_check_locked, gather_run},
+};
+#define NKERNELS (sizeof k_kernels / sizeof k_kernels[0])
+
+/* A loaded library: the entries its PTX declares; refs[i] is the handle
+ * cudaLibraryGetKernel hands out for entries[i] (def: the emulator's kernel of
+ * that name, or NULL). */
+typedef struct emu_library library;
+typedef struct { library *lib; const kernel_def *def; } kernel_ref;
+struct emu_library {
+    library *next_all;
+    int nentries;
+    char **entries;
+    kernel_ref *refs;
+};
+static library *g_libraries; /* live libraries (under g_lock) */
+
+static void library_free(library *l) {
+    for (int i = 0; i < l->nentries; i++) free(l->entries[i]);
+    free(l->entries);
+    free(l->refs);
+    free(l);
+}
+
+/* The entry names of PTX text (".entry NAME("), or -1 when `code` is not
+ * PTX (no ".version" and ".target" directives): the emulator runs no other
+ * image. */
+static int parse_ptx_entries(const char *code, library *l) {
+    if (!strstr(code, ".version") || !strstr(code, ".target")) return -1;
+    for (const char *p = strstr(code, ".entry"); p; p = strstr(p + 6, ".entry")) {
+        const char *q = p + 6;
+        while (*q == ' ' || *q == '\t') q++;
+        size_t len = strspn(q, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_$");
+        if (len == 0) continue;
+        char **e = realloc(l->entries, (size_t)(l->nentries + 1) * sizeof *e);
+        if (!e) return -2;
+        l->entries = e;
+        if (!(l->entries[l->nentries] = strndup(q, len))) return -2;
+        l->nentries++;
+    }
+    return 0;
+}
+
+EXPORT cudaError_t cudaLibraryLoadData(void **out, const void *code, void *jit_options, void **jit_values,
+                                       unsigned n_jit, void *lib_options, void **lib_values, unsigned n_lib) {
+    ENTER(cudaLibraryLoadData);
+    (void)jit_options; (void)jit_values; (void)lib_options; (void)lib_values;
+    if (!out || !code || (n_jit && !jit_options) || (n_lib && !lib_options)) return set_err(cudaErrorInvalidValue);
+    library *l = calloc(1, sizeof *l);
+    if (!l) return set_err(cudaErrorMemoryAllocation);
+    int r = parse_ptx_entries(code, l);
+    if (r == 0 && !(l->refs = calloc((size_t)(l->nentries ? l->nentries : 1), sizeof *l->refs))) r = -2;
+    if (r != 0) {
+        library_free(l);
+        if (r == -1) fprintf(stderr, "cudart_emu: cudaLibraryLoadData: the emulator loads PTX text only\n");
+        return set_err(r == -1 ? cudaErrorInvalidPtx : cudaErrorMemoryAllocation);
+    }
+    for (int i = 0; i < l->nentries; i++) {
+        l->refs[i].lib = l;
+        for (size_t k = 0; k < NKERNELS; k++)
+            if (strcmp(k_kernels[k].name, l->entries[i]) == 0) l->refs[i].def = &k_kernels[k];
+    }
+    pthread_mutex_lock(&g_lock);
+    l->next_all = g_libraries;
+    g_libraries = l;
+    g_counters.libraries++;
+    pthread_mutex_unlock(&g_lock);
+    *out = l;
+    return set_err(cudaSuccess);
+}
+
+EXPORT cudaError_t cudaLibraryUnload(void *h) {
+    int st;
+    ENTER_RELEASE(cudaLibraryUnload, st);
+    int e = cudaErrorInvalidResourceHandle;
+    pthread_mutex_lock(&g_lock);
+    for (library **pp = &g_libraries; *pp; pp = &(*pp)->next_all)
+        if (*pp == h) {
+            library *l = *pp;
+            *pp = l->next_all;
+            g_counters.libraries--;
+            library_free(l); /* queued launches hold a copy of what they run */
+            e = cudaSuccess;
+            break;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return set_err(st ? st : e);
+}
+
+EXPORT cudaError_t cudaLibraryGetKernel(void **out, void *h, const char *name) {
+    ENTER(cudaLibraryGetKernel);
+    if (!out || !name) return set_err(cudaErrorInvalidValue);
+    int e = cudaErrorInvalidResourceHandle;
+    pthread_mutex_lock(&g_lock);
+    for (library *l = g_libraries; l; l = l->next_all)
+        if (l == h) {
+            e = cudaErrorSymbolNotFound;
+            for (int i = 0; i < l->nentries; i++)
+                if (strcmp(l->entries[i], name) == 0) {
+                    if (!l->refs[i].def) {
+                        fprintf(stderr, "cudart_emu: the emulator cannot run kernel %s (it runs %s only)\n", name,
+                                k_kernels[0].name);
+                        e = cudaErrorNotSupported;
+                    } else {
+                        *out = &l->refs[i];
+                        e = cudaSuccess;
+                    }
+                    break;
+                }
+            break;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return set_err(e);
+}
+
+/* The live kernel handle `f`, or NULL. g_lock held. */
+static const kernel_def *find_kernel_locked(const void *f) {
+    for (library *l = g_libraries; l; l = l->next_all)
+        for (int i = 0; i < l->nentries; i++)
+            if ((const void *)&l->refs[i] == f) return l->refs[i].def;
+    return NULL;
+}
+
+static int launch_config_ok(dim3 g, dim3 b, size_t smem) {
+    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z) return 0;
+    if (g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) return 0;
+    if (b.x > 1024 || b.y > 1024 || b.z > 64 || (uint64_t)b.x * b.y * b.z > 1024) return 0;
+    return smem <= 48 * 1024;
+}
+
+EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t smem, cudaStream_t h) {
+    ENTER(cudaLaunchKernel);
+    if (!launch_config_ok(grid, block, smem)) return set_err(cudaErrorInvalidConfiguration);
+    pthread_mutex_lock(&g_lock);
+    const kernel_def *k = find_kernel_locked(func);
+    stream *s = NULL;
+    int e = k ? resolve_stream_locked(h, &s) : cudaErrorInvalidDeviceFunction;
+    if (!e && k->nparams > 0 && !args) e = cudaErrorInvalidValue;
+    for (int i = 0; !e && i < k->nparams; i++)
+        if (!args[i]) e = cudaErrorInvalidValue;
+    if (!e) {
+        op_t *o = calloc(1, sizeof *o);
+        if (!o) e = cudaErrorMemoryAllocation;
+        else {
+            o->kind = OP_KERNEL;
+            o->kern = k;
+            for (int i = 0; i < k->nparams; i++) memcpy(&o->params[i], args[i], sizeof o->params[i]);
+            e = enqueue_locked(s, o, NULL, 0, NULL);
+            if (e) free(o);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return set_err(e);
+}
+
+/* On the stream's worker: the device code's effect, or a device fault. */
+static void run_kernel(op_t *o) {
+    pthread_mutex_lock(&g_lock);
+    int ok = o->kern->check_locked(o->params);
+    g_counters.kernel_launches++;
+    pthread_mutex_unlock(&g_lock);
+    if (ok) {
+        o->kern->run(o->params);
+        return;
+    }
+    fprintf(stderr, "cudart_emu: kernel %s touched memory the device may not use: cudaErrorIllegalAddress (sticky)\n",
+            o->kern->name);
+    atomic_store(&g_sticky, cudaErrorIllegalAddress);
 }
 
 /* --- events --- */

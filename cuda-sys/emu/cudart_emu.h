@@ -3,7 +3,10 @@
  * cuda-sys binds, with the same C ABI and error codes, the few driver API
  * functions cuda-sys binds (contexts and host registration, also reachable
  * through cudaGetDriverEntryPointByVersion), plus the control functions
- * declared here (accounting, delays, fault injection).
+ * declared here (accounting, delays, fault injection). Kernels: a library
+ * loaded from PTX (cudaLibraryLoadData) offers the entries its text declares,
+ * and the emulator runs the ones it knows (the workspace's own, by name; see
+ * DIFFERENCES.md) on the stream's worker thread, on the host.
  *
  * Environment variables read at load time:
  *   CUDA_EMU_DEVICES      number of devices (default 1; 0 makes cudaGetDeviceCount fail with cudaErrorNoDevice)
@@ -33,6 +36,8 @@ typedef struct cudaEmuCounters {
     uint64_t unregister_violations; /* cuMemHostUnregister calls refused in a created context
                                        because a queued or running copy still used the memory
                                        (monotonic; also counts cuCtxDestroy dropping such a range) */
+    uint64_t libraries;         /* live libraries loaded with cudaLibraryLoadData */
+    uint64_t kernel_launches;   /* kernels run so far (monotonic) */
 } cudaEmuCounters;
 
 /* Fills *out. Returns 0. */

@@ -114,12 +114,17 @@ pub struct Counters {
     /// queued or running copy still used the memory (and ranges `cuCtxDestroy`
     /// dropped under such a copy). Monotonic: never reset.
     pub unregister_violations: u64,
+    /// Live libraries loaded with `cudaLibraryLoadData`.
+    pub libraries: u64,
+    /// Kernels run so far. Monotonic.
+    pub kernel_launches: u64,
 }
 
 impl Counters {
-    /// True when no allocation, registration, stream, event or created context is live.
+    /// True when no allocation, registration, stream, event, created context or library is live.
     pub fn is_clean(&self) -> bool {
-        self.device_allocs == 0
+        self.libraries == 0
+            && self.device_allocs == 0
             && self.pinned_allocs == 0
             && self.registrations == 0
             && self.streams == 0

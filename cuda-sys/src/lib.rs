@@ -75,15 +75,19 @@ pub use cuda13::{
     cudaEvent_t, cudaEventBlockingSync, cudaEventDefault, cudaEventDisableTiming, cudaEventInterprocess,
     cudaGetDriverEntryPointFlags, cudaHostAllocDefault, cudaHostAllocMapped, cudaHostAllocPortable,
     cudaHostAllocWriteCombined, cudaHostFn_t, cudaHostRegisterDefault, cudaHostRegisterIoMemory,
-    cudaHostRegisterMapped, cudaHostRegisterPortable, cudaHostRegisterReadOnly, cudaMemcpyKind, cudaMemoryType,
-    cudaPointerAttributes, cudaStream_t, cudaStreamDefault, cudaStreamNonBlocking,
+    cudaHostRegisterMapped, cudaHostRegisterPortable, cudaHostRegisterReadOnly, cudaJitOption, cudaKernel_t,
+    cudaLibrary_t, cudaLibraryOption, cudaMemcpyKind, cudaMemoryType, cudaPointerAttributes, cudaStream_t,
+    cudaStreamDefault, cudaStreamNonBlocking, dim3,
 };
 
 mod api {
     #![allow(clippy::all)]
     include!("generated/api.rs");
 }
-pub use api::{Api, PFN_cudaGetDriverEntryPointByVersion, SYMBOLS};
+pub use api::{
+    Api, PFN_cudaGetDriverEntryPointByVersion, PFN_cudaLibraryGetKernel, PFN_cudaLibraryLoadData,
+    PFN_cudaLibraryUnload, SYMBOLS,
+};
 
 /// The largest `cudaDeviceProp` of the supported major versions: a buffer of this
 /// size and alignment can be handed to [`Api::cudaGetDeviceProperties`] whatever

@@ -76,6 +76,11 @@ const FUNCTIONS: &[(&str, &str)] = &[
     ("cudaStreamQuery", "Returns `cudaSuccess` when a stream is idle, `cudaErrorNotReady` otherwise."),
     ("cudaStreamWaitEvent", "Makes later work on a stream wait for an event's most recent record."),
     ("cudaLaunchHostFunc", "Enqueues a host function on a stream; it must not call CUDA."),
+    // Kernels.
+    (
+        "cudaLaunchKernel",
+        "Enqueues a kernel on a stream: `func` is a `cudaKernel_t` from `cudaLibraryGetKernel`, `args` an array of pointers to each parameter's value.",
+    ),
     // Events.
     ("cudaEventCreate", "Creates an event with default flags."),
     ("cudaEventCreateWithFlags", "Creates an event with `cudaEvent*` flags."),
@@ -90,10 +95,20 @@ const FUNCTIONS: &[(&str, &str)] = &[
 /// looks them up one by one): `api.rs` gets a function pointer type for each,
 /// `PFN_<name>`, checked to be the same in CUDA 12 and 13.
 /// `cudaGetDriverEntryPointByVersion` arrived in 12.5.
-const OPTIONAL_FUNCTIONS: &[(&str, &str)] = &[(
-    "cudaGetDriverEntryPointByVersion",
-    "Writes the address of a driver function of the given ABI version (`symbol` is its base name, as for `cuGetProcAddress`); a null address and a status when the driver lacks it.",
-)];
+/// The library functions (context-independent loading of PTX or cubin, for
+/// every device) arrived during CUDA 12.
+const OPTIONAL_FUNCTIONS: &[(&str, &str)] = &[
+    (
+        "cudaGetDriverEntryPointByVersion",
+        "Writes the address of a driver function of the given ABI version (`symbol` is its base name, as for `cuGetProcAddress`); a null address and a status when the driver lacks it.",
+    ),
+    (
+        "cudaLibraryLoadData",
+        "Loads a library (PTX or cubin image) for every device, independent of contexts; the options may be null with counts 0.",
+    ),
+    ("cudaLibraryUnload", "Unloads a library from `cudaLibraryLoadData`."),
+    ("cudaLibraryGetKernel", "Writes the handle of the kernel `name` (its entry name) of a loaded library."),
+];
 
 /// Types bound (recursively, with what they contain).
 const TYPES: &[&str] = &[
@@ -109,6 +124,11 @@ const TYPES: &[&str] = &[
     "cudaHostFn_t",
     "cudaDriverEntryPointQueryResult",
     "cudaGetDriverEntryPointFlags",
+    "cudaLibrary_t",
+    "cudaKernel_t",
+    "cudaJitOption",
+    "cudaLibraryOption",
+    "dim3",
 ];
 
 /// Macro constants bound (regular expressions).
@@ -129,6 +149,8 @@ const ENUMS: &[&str] = &[
     "cudaMemoryType",
     "cudaDriverEntryPointQueryResult",
     "cudaGetDriverEntryPointFlags",
+    "cudaJitOption",
+    "cudaLibraryOption",
 ];
 
 /// Structs whose layout differs between major versions: the table passes

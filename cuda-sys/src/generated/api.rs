@@ -80,6 +80,8 @@ pub struct Api {
     pub cudaStreamWaitEvent: unsafe extern "C" fn(stream: cudaStream_t, event: cudaEvent_t, flags: ::core::ffi::c_uint) -> cudaError_t,
     /// Enqueues a host function on a stream; it must not call CUDA.
     pub cudaLaunchHostFunc: unsafe extern "C" fn(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut ::core::ffi::c_void) -> cudaError_t,
+    /// Enqueues a kernel on a stream: `func` is a `cudaKernel_t` from `cudaLibraryGetKernel`, `args` an array of pointers to each parameter's value.
+    pub cudaLaunchKernel: unsafe extern "C" fn(func: *const ::core::ffi::c_void, gridDim: dim3, blockDim: dim3, args: *mut *mut ::core::ffi::c_void, sharedMem: usize, stream: cudaStream_t) -> cudaError_t,
     /// Creates an event with default flags.
     pub cudaEventCreate: unsafe extern "C" fn(event: *mut cudaEvent_t) -> cudaError_t,
     /// Creates an event with `cudaEvent*` flags.
@@ -133,6 +135,7 @@ pub const SYMBOLS: &[(&str, &str, &str)] = &[
     ("cudaStreamQuery", "cudaStreamQuery", "cudaStreamQuery"),
     ("cudaStreamWaitEvent", "cudaStreamWaitEvent", "cudaStreamWaitEvent"),
     ("cudaLaunchHostFunc", "cudaLaunchHostFunc", "cudaLaunchHostFunc"),
+    ("cudaLaunchKernel", "cudaLaunchKernel", "cudaLaunchKernel"),
     ("cudaEventCreate", "cudaEventCreate", "cudaEventCreate"),
     ("cudaEventCreateWithFlags", "cudaEventCreateWithFlags", "cudaEventCreateWithFlags"),
     ("cudaEventRecord", "cudaEventRecord", "cudaEventRecord"),
@@ -145,6 +148,18 @@ pub const SYMBOLS: &[(&str, &str, &str)] = &[
 /// Writes the address of a driver function of the given ABI version (`symbol` is its base name, as for `cuGetProcAddress`); a null address and a status when the driver lacks it.
 /// Not in [`Api`]: only some supported runtimes export `cudaGetDriverEntryPointByVersion`.
 pub type PFN_cudaGetDriverEntryPointByVersion = unsafe extern "C" fn(symbol: *const ::core::ffi::c_char, funcPtr: *mut *mut ::core::ffi::c_void, cudaVersion: ::core::ffi::c_uint, flags: ::core::ffi::c_ulonglong, driverStatus: *mut cudaDriverEntryPointQueryResult) -> cudaError_t;
+
+/// Loads a library (PTX or cubin image) for every device, independent of contexts; the options may be null with counts 0.
+/// Not in [`Api`]: only some supported runtimes export `cudaLibraryLoadData`.
+pub type PFN_cudaLibraryLoadData = unsafe extern "C" fn(library: *mut cudaLibrary_t, code: *const ::core::ffi::c_void, jitOptions: *mut cudaJitOption, jitOptionsValues: *mut *mut ::core::ffi::c_void, numJitOptions: ::core::ffi::c_uint, libraryOptions: *mut cudaLibraryOption, libraryOptionValues: *mut *mut ::core::ffi::c_void, numLibraryOptions: ::core::ffi::c_uint) -> cudaError_t;
+
+/// Unloads a library from `cudaLibraryLoadData`.
+/// Not in [`Api`]: only some supported runtimes export `cudaLibraryUnload`.
+pub type PFN_cudaLibraryUnload = unsafe extern "C" fn(library: cudaLibrary_t) -> cudaError_t;
+
+/// Writes the handle of the kernel `name` (its entry name) of a loaded library.
+/// Not in [`Api`]: only some supported runtimes export `cudaLibraryGetKernel`.
+pub type PFN_cudaLibraryGetKernel = unsafe extern "C" fn(pKernel: *mut cudaKernel_t, library: cudaLibrary_t, name: *const ::core::ffi::c_char) -> cudaError_t;
 
 impl Api {
     /// Builds the table from a symbol lookup (`dlsym` on the loaded library).
@@ -275,6 +290,9 @@ impl Api {
             cudaLaunchHostFunc: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut ::core::ffi::c_void) -> cudaError_t>(sym("cudaLaunchHostFunc\0", "cudaLaunchHostFunc\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
+            cudaLaunchKernel: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(func: *const ::core::ffi::c_void, gridDim: dim3, blockDim: dim3, args: *mut *mut ::core::ffi::c_void, sharedMem: usize, stream: cudaStream_t) -> cudaError_t>(sym("cudaLaunchKernel\0", "cudaLaunchKernel\0", None)?) },
+            // SAFETY: the caller guarantees the address is this function of the loaded runtime,
+            // whose C signature the headers give as this type.
             cudaEventCreate: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn(event: *mut cudaEvent_t) -> cudaError_t>(sym("cudaEventCreate\0", "cudaEventCreate\0", None)?) },
             // SAFETY: the caller guarantees the address is this function of the loaded runtime,
             // whose C signature the headers give as this type.
@@ -338,6 +356,7 @@ impl Api {
             cudaStreamQuery: crate::cuda13::cudaStreamQuery,
             cudaStreamWaitEvent: crate::cuda13::cudaStreamWaitEvent,
             cudaLaunchHostFunc: crate::cuda13::cudaLaunchHostFunc,
+            cudaLaunchKernel: crate::cuda13::cudaLaunchKernel,
             cudaEventCreate: crate::cuda13::cudaEventCreate,
             cudaEventCreateWithFlags: crate::cuda13::cudaEventCreateWithFlags,
             cudaEventRecord: crate::cuda13::cudaEventRecord,

@@ -20,6 +20,21 @@ pub const cudaEventDefault: u32 = 0;
 pub const cudaEventBlockingSync: u32 = 1;
 pub const cudaEventDisableTiming: u32 = 2;
 pub const cudaEventInterprocess: u32 = 4;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct dim3 {
+    pub x: ::core::ffi::c_uint,
+    pub y: ::core::ffi::c_uint,
+    pub z: ::core::ffi::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of dim3"][::core::mem::size_of::<dim3>() - 12usize];
+    ["Alignment of dim3"][::core::mem::align_of::<dim3>() - 4usize];
+    ["Offset of field: dim3::x"][::core::mem::offset_of!(dim3, x) - 0usize];
+    ["Offset of field: dim3::y"][::core::mem::offset_of!(dim3, y) - 4usize];
+    ["Offset of field: dim3::z"][::core::mem::offset_of!(dim3, z) - 8usize];
+};
 impl cudaError {
     pub const cudaSuccess: cudaError = cudaError(0);
     pub const cudaErrorInvalidValue: cudaError = cudaError(1);
@@ -838,6 +853,49 @@ pub struct CUevent_st {
     _unused: [u8; 0],
 }
 pub type cudaEvent_t = *mut CUevent_st;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUkern_st {
+    _unused: [u8; 0],
+}
+pub type cudaKernel_t = *mut CUkern_st;
+impl cudaJitOption {
+    pub const cudaJitMaxRegisters: cudaJitOption = cudaJitOption(0);
+    pub const cudaJitThreadsPerBlock: cudaJitOption = cudaJitOption(1);
+    pub const cudaJitWallTime: cudaJitOption = cudaJitOption(2);
+    pub const cudaJitInfoLogBuffer: cudaJitOption = cudaJitOption(3);
+    pub const cudaJitInfoLogBufferSizeBytes: cudaJitOption = cudaJitOption(4);
+    pub const cudaJitErrorLogBuffer: cudaJitOption = cudaJitOption(5);
+    pub const cudaJitErrorLogBufferSizeBytes: cudaJitOption = cudaJitOption(6);
+    pub const cudaJitOptimizationLevel: cudaJitOption = cudaJitOption(7);
+    pub const cudaJitFallbackStrategy: cudaJitOption = cudaJitOption(10);
+    pub const cudaJitGenerateDebugInfo: cudaJitOption = cudaJitOption(11);
+    pub const cudaJitLogVerbose: cudaJitOption = cudaJitOption(12);
+    pub const cudaJitGenerateLineInfo: cudaJitOption = cudaJitOption(13);
+    pub const cudaJitCacheMode: cudaJitOption = cudaJitOption(14);
+    pub const cudaJitPositionIndependentCode: cudaJitOption = cudaJitOption(30);
+    pub const cudaJitMinCtaPerSm: cudaJitOption = cudaJitOption(31);
+    pub const cudaJitMaxThreadsPerBlock: cudaJitOption = cudaJitOption(32);
+    pub const cudaJitOverrideDirectiveValues: cudaJitOption = cudaJitOption(33);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct cudaJitOption(pub ::core::ffi::c_uint);
+impl cudaLibraryOption {
+    pub const cudaLibraryHostUniversalFunctionAndDataTable: cudaLibraryOption = cudaLibraryOption(
+        0,
+    );
+    pub const cudaLibraryBinaryIsPreserved: cudaLibraryOption = cudaLibraryOption(1);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct cudaLibraryOption(pub ::core::ffi::c_uint);
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUlib_st {
+    _unused: [u8; 0],
+}
+pub type cudaLibrary_t = *mut CUlib_st;
 impl cudaGetDriverEntryPointFlags {
     pub const cudaEnableDefault: cudaGetDriverEntryPointFlags = cudaGetDriverEntryPointFlags(
         0,

@@ -58,6 +58,14 @@ unsafe extern "C" {
         start: cudaEvent_t,
         end: cudaEvent_t,
     ) -> cudaError_t;
+    pub fn cudaLaunchKernel(
+        func: *const ::core::ffi::c_void,
+        gridDim: dim3,
+        blockDim: dim3,
+        args: *mut *mut ::core::ffi::c_void,
+        sharedMem: usize,
+        stream: cudaStream_t,
+    ) -> cudaError_t;
     pub fn cudaLaunchHostFunc(
         stream: cudaStream_t,
         fn_: cudaHostFn_t,
@@ -123,5 +131,21 @@ unsafe extern "C" {
         cudaVersion: ::core::ffi::c_uint,
         flags: ::core::ffi::c_ulonglong,
         driverStatus: *mut cudaDriverEntryPointQueryResult,
+    ) -> cudaError_t;
+    pub fn cudaLibraryLoadData(
+        library: *mut cudaLibrary_t,
+        code: *const ::core::ffi::c_void,
+        jitOptions: *mut cudaJitOption,
+        jitOptionsValues: *mut *mut ::core::ffi::c_void,
+        numJitOptions: ::core::ffi::c_uint,
+        libraryOptions: *mut cudaLibraryOption,
+        libraryOptionValues: *mut *mut ::core::ffi::c_void,
+        numLibraryOptions: ::core::ffi::c_uint,
+    ) -> cudaError_t;
+    pub fn cudaLibraryUnload(library: cudaLibrary_t) -> cudaError_t;
+    pub fn cudaLibraryGetKernel(
+        pKernel: *mut cudaKernel_t,
+        library: cudaLibrary_t,
+        name: *const ::core::ffi::c_char,
     ) -> cudaError_t;
 }
