@@ -1,0 +1,89 @@
+// The gather kernel of wirespeed-pinned's shuffled batches.
+//
+// wirespeed_gather(dst, src, offsets, n, rec): record k of the batch, the `rec`
+// bytes at dst + k * rec, becomes a copy of the `rec` bytes at src + offsets[k].
+// `src` is device memory (a pool of file blocks, or a whole file on the device)
+// or host memory the device can read (a registered, mapped file range); `dst`
+// and `offsets` are device memory. Records are of any size and alignment.
+//
+// Each warp copies one record at a time (a grid-stride loop over records), in
+// 16-byte chunks aligned in the destination: lane i owns the chunk at
+// align_down(dst_k, 16) + 16 * i, and reads the one aligned 16-byte word of the
+// source where that chunk's bytes start; the bytes after it come from the next
+// lane's word (a shuffle), so every source word is read once. Words that hold
+// no byte of the record are not read: an aligned word holding one byte of a
+// record lies in the same page as that byte, so the kernel never touches a page
+// the record does not (registered host memory is registered by whole pages).
+// Whole chunks are stored as one 16-byte store, the record's first and last
+// chunks byte by byte.
+//
+// Built to PTX by scripts/gen-ptx.py with NVRTC of CUDA 12.0 for compute_70,
+// so the PTX loads on every driver of CUDA 12.0 and later (the driver compiles
+// it for the GPU at load time). No headers: NVRTC defines the vector types.
+
+typedef unsigned long long u64;
+
+// The 16 bytes at byte offset `m` (0..15) of the 32 bytes lo:hi.
+__device__ __forceinline__ uint4 bytes_at(uint4 lo, uint4 hi, unsigned m) {
+    unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    // Shift by whole words (m / 4 of them), with selects rather than an
+    // indexed array, so that everything stays in registers.
+    if (m & 8) {
+#pragma unroll
+        for (int i = 0; i < 6; i++) w[i] = w[i + 2];
+    }
+    if (m & 4) {
+#pragma unroll
+        for (int i = 0; i < 5; i++) w[i] = w[i + 1];
+    }
+    const unsigned s = 8 * (m & 3);
+    return make_uint4(__funnelshift_r(w[0], w[1], s), __funnelshift_r(w[1], w[2], s),
+                      __funnelshift_r(w[2], w[3], s), __funnelshift_r(w[3], w[4], s));
+}
+
+// The aligned word at `a` if it lies within [lo, hi), else zeros.
+__device__ __forceinline__ uint4 load_within(u64 a, u64 lo, u64 hi) {
+    if (a < lo || a >= hi) return make_uint4(0, 0, 0, 0);
+    return __ldg(reinterpret_cast<const uint4 *>(a));
+}
+
+__device__ __forceinline__ uint4 shfl_down16(uint4 v) {
+    const unsigned all = 0xffffffffu;
+    return make_uint4(__shfl_down_sync(all, v.x, 1), __shfl_down_sync(all, v.y, 1), __shfl_down_sync(all, v.z, 1),
+                      __shfl_down_sync(all, v.w, 1));
+}
+
+// Stores the bytes of `v` (the chunk at `c`) that fall within [lo, hi).
+__device__ __forceinline__ void store_within(u64 c, uint4 v, u64 lo, u64 hi) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const u64 a = c + j;
+        if (a >= lo && a < hi) *reinterpret_cast<unsigned char *>(a) = (unsigned char)(w[j / 4] >> (8 * (j % 4)));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+wirespeed_gather(unsigned char *__restrict__ dst, const unsigned char *__restrict__ src,
+                 const u64 *__restrict__ offsets, u64 n, u64 rec) {
+    const unsigned lane = threadIdx.x & 31;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps) {
+        const u64 d = (u64)dst + k * rec, d_end = d + rec;
+        const u64 s = (u64)src + offsets[k];
+        const u64 s_lo = s & ~(u64)15, s_hi = (s + rec + 15) & ~(u64)15; // the words holding the record
+        const u64 delta = s - d;                                         // source = destination + delta (mod 2^64)
+        const unsigned m = (unsigned)(delta & 15);
+        for (u64 c0 = d & ~(u64)15; c0 < d_end; c0 += 16 * 32) {
+            const u64 c = c0 + 16 * (u64)lane;    // this lane's destination chunk
+            const u64 a = (c + delta) & ~(u64)15; // the aligned source word where its bytes start
+            const uint4 lo = load_within(a, s_lo, s_hi);
+            uint4 hi = shfl_down16(lo);
+            if (lane == 31) hi = load_within(a + 16, s_lo, s_hi);
+            if (c >= d_end) continue;
+            const uint4 v = bytes_at(lo, hi, m);
+            if (c >= d && c + 16 <= d_end) *reinterpret_cast<uint4 *>(c) = v;
+            else store_within(c, v, d, d_end);
+        }
+    }
+}
