@@ -113,6 +113,7 @@ mod mapping;
 mod memlock;
 mod range;
 mod ring;
+mod shuffle;
 mod sink;
 mod strategy;
 mod streamer;
@@ -124,6 +125,7 @@ pub use mapping::MappedFile;
 pub use memlock::{memlock_headroom, memlock_limit};
 pub use range::{PinOptions, PinnedRange};
 pub use ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing, SlotSource};
+pub use shuffle::{Permutation, Records, Sharding};
 pub use strategy::Strategy;
 pub use streamer::{
     Breakdown, CopyStreams, Progress, Report, StartOptions, StreamConfig, Streamer, Transfer, WindowContext,

@@ -1,0 +1,335 @@
+//! Which record each position of an epoch holds, and where it lies: the whole
+//! epoch shuffled ([`FullOrder`]), or blocks of the file through a pool of two
+//! halves in device memory ([`PoolOrder`]).
+
+use std::ops::Range;
+
+use super::order::{Permutation, Sharding, key};
+use crate::error::{Error, Result};
+
+/// Words that keep the keys of different uses of one seed apart.
+const EPOCH: u64 = 1;
+const BLOCKS: u64 = 2;
+const GROUP: u64 = 3;
+
+/// Every record of the epoch in one shuffled order: position `p` of the
+/// padded order holds record `perm(p mod n)`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FullOrder {
+    perm: Permutation,
+    cut: Sharding,
+}
+
+impl FullOrder {
+    pub(crate) fn new(cut: Sharding, seed: u64, epoch: u64, shuffle: bool) -> FullOrder {
+        let k = key(seed, &[EPOCH, epoch]);
+        let perm = if shuffle { Permutation::new(cut.records(), k) } else { Permutation::identity(cut.records()) };
+        FullOrder { perm, cut }
+    }
+
+    /// The record at each position of this rank's batch `b`, into `out`.
+    pub(crate) fn batch(&self, b: u64, out: &mut Vec<u64>) {
+        out.clear();
+        out.extend(self.cut.batch(b).map(|p| self.perm.at(self.cut.unpad(p))));
+    }
+}
+
+/// A piece of a block: the part of one block of the file that falls in one
+/// rank's share of the epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Piece {
+    /// The records of the file it holds.
+    pub records: Range<u64>,
+}
+
+impl Piece {
+    fn len(&self) -> u64 {
+        self.records.end - self.records.start
+    }
+}
+
+/// How the pool is cut: records per block, and blocks per half.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PoolShape {
+    /// Records of a block (a slot of the pool holds one).
+    pub block_records: u64,
+    /// Slots of each of the two halves.
+    pub slots: u64,
+}
+
+/// One epoch of one rank through the pool.
+///
+/// The file's whole blocks are put in a random order (the short last block,
+/// if any, comes last), so that the epoch's order is the blocks' records in
+/// that order; the rank's share of it (a contiguous range, as [`Sharding`]
+/// cuts) is a run of *pieces* (whole blocks, and parts of blocks at its ends).
+/// Group `g` is the run's pieces `g * slots .. (g + 1) * slots`, streamed into
+/// half `g % 2` of the pool, one piece per slot; the group's records are
+/// handed out in a random order of their own. Group `g + 2` streams into the
+/// half of group `g` once every batch that reads group `g` was gathered, while
+/// the batches of group `g + 1` are handed out.
+#[derive(Clone, Debug)]
+pub(crate) struct PoolOrder {
+    cut: Sharding,
+    shape: PoolShape,
+    blocks: Permutation,
+    full_blocks: u64,
+    seed: u64,
+    epoch: u64,
+    /// Start of each group in the rank's share, and the share's length at the end.
+    group_starts: Vec<u64>,
+}
+
+impl PoolOrder {
+    /// The epoch's order for the rank of `cut`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when a batch would read more than two
+    /// groups at once (the pool's halves are too small for the batch size).
+    pub(crate) fn new(cut: Sharding, shape: PoolShape, seed: u64, epoch: u64, shuffle: bool) -> Result<PoolOrder> {
+        let n = cut.records();
+        let full_blocks = n / shape.block_records;
+        let k = key(seed, &[BLOCKS, epoch]);
+        let blocks = if shuffle { Permutation::new(full_blocks, k) } else { Permutation::identity(full_blocks) };
+        let mut order = PoolOrder { cut, shape, blocks, full_blocks, seed, epoch, group_starts: Vec::new() };
+        order.group_starts = order.find_groups();
+        if !shuffle {
+            order.seed = u64::MAX; // marks the identity order of each group (see group_perm)
+        }
+        order.check_batches_fit()?;
+        Ok(order)
+    }
+
+    fn share(&self) -> Range<u64> {
+        self.cut.positions()
+    }
+
+    /// The block at position `k` of the epoch's block order.
+    fn block_at(&self, k: u64) -> u64 {
+        if k < self.full_blocks { self.blocks.at(k) } else { k }
+    }
+
+    /// The piece that holds padded position `p`, and where `p` is in it.
+    fn piece_at(&self, p: u64) -> (Piece, u64) {
+        let t = self.shape.block_records;
+        let n = self.cut.records();
+        let q = self.cut.unpad(p);
+        let (k, within) = (q / t, q % t);
+        let block = self.block_at(k);
+        let block_end = ((block + 1) * t).min(n);
+        // The piece runs from the later of the block's start and the share's
+        // start (or the wrap to the epoch's start), to the earlier of the
+        // block's end and the share's end (or the wrap).
+        let share = self.share();
+        let wrap = p - q + n; // the padded position where the order starts over
+        let first = p - within.min(p - share.start.max(p - q));
+        let last = (p + (block_end - block * t - within)).min(share.end).min(wrap);
+        let start_record = block * t + within - (p - first);
+        (Piece { records: start_record..start_record + (last - first) }, p - first)
+    }
+
+    fn find_groups(&self) -> Vec<u64> {
+        let share = self.share();
+        let mut starts = Vec::new();
+        let (mut p, mut pieces) = (share.start, 0u64);
+        while p < share.end {
+            if pieces % self.shape.slots == 0 {
+                starts.push(p - share.start);
+            }
+            let (piece, at) = self.piece_at(p);
+            p += piece.len() - at;
+            pieces += 1;
+        }
+        starts.push(share.end - share.start);
+        starts
+    }
+
+    fn check_batches_fit(&self) -> Result<()> {
+        let b = self.cut.batch_size();
+        let groups = self.groups();
+        for g in 0..groups.saturating_sub(1) {
+            let r = self.group_range(g);
+            if r.end - r.start < b {
+                return Err(Error::invalid(
+                    "shuffle pool",
+                    format!(
+                        "a group of the pool holds {} records, fewer than a batch of {b}: give the pool more device \
+                         memory or make batches smaller",
+                        r.end - r.start
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Groups of this rank's epoch.
+    pub(crate) fn groups(&self) -> u64 {
+        self.group_starts.len() as u64 - 1
+    }
+
+    /// Positions of group `g` in the rank's share (0-based).
+    pub(crate) fn group_range(&self, g: u64) -> Range<u64> {
+        self.group_starts[g as usize]..self.group_starts[g as usize + 1]
+    }
+
+    /// The pieces of group `g`, in slot order.
+    pub(crate) fn pieces(&self, g: u64, out: &mut Vec<Piece>) {
+        out.clear();
+        let share = self.share();
+        let r = self.group_range(g);
+        let mut p = share.start + r.start;
+        while p < share.start + r.end {
+            let (piece, at) = self.piece_at(p);
+            p += piece.len() - at;
+            out.push(Piece { records: piece.records.start + at..piece.records.end });
+        }
+    }
+
+    fn group_perm(&self, g: u64, len: u64) -> Permutation {
+        if self.seed == u64::MAX {
+            return Permutation::identity(len);
+        }
+        Permutation::new(len, key(self.seed, &[GROUP, self.epoch, self.share().start + self.group_range(g).start]))
+    }
+
+    /// The groups that batch `b` reads (one, or two at a boundary).
+    pub(crate) fn batch_groups(&self, b: u64) -> Range<u64> {
+        let r = self.cut.batch(b);
+        if r.is_empty() {
+            return 0..0;
+        }
+        let base = self.share().start;
+        let first = self.group_of(r.start - base);
+        let last = self.group_of(r.end - 1 - base);
+        first..last + 1
+    }
+
+    fn group_of(&self, i: u64) -> u64 {
+        (self.group_starts.partition_point(|&s| s <= i) - 1) as u64
+    }
+
+    /// For each record of batch `b`: its slot in the pool (half `g % 2`,
+    /// `slots` slots each) and its index in the slot's piece; and the record.
+    pub(crate) fn batch(&self, b: u64, pieces: &mut Vec<Piece>, out: &mut Vec<Drawn>) {
+        out.clear();
+        let r = self.cut.batch(b);
+        let base = self.share().start;
+        let mut cached = u64::MAX;
+        let mut perm = Permutation::identity(0);
+        let mut starts: Vec<u64> = Vec::new();
+        for p in r {
+            let i = p - base;
+            let g = self.group_of(i);
+            let gr = self.group_range(g);
+            if g != cached {
+                self.pieces(g, pieces);
+                perm = self.group_perm(g, gr.end - gr.start);
+                starts.clear();
+                let mut acc = 0;
+                for piece in pieces.iter() {
+                    starts.push(acc);
+                    acc += piece.len();
+                }
+                cached = g;
+            }
+            let j = perm.at(i - gr.start);
+            let s = starts.partition_point(|&x| x <= j) - 1;
+            let within = j - starts[s];
+            let slot = (g % 2) * self.shape.slots + s as u64;
+            out.push(Drawn { slot, index: within, record: pieces[s].records.start + within });
+        }
+    }
+}
+
+/// Where one record of a batch lies in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Drawn {
+    /// The slot (0 .. 2 * slots).
+    pub slot: u64,
+    /// Its index among the records of the slot's piece.
+    pub index: u64,
+    /// The record of the file.
+    pub record: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_record(n: u64, t: u64, slots: u64, bs: u64, world: u64, drop_last: bool, shuffle: bool) {
+        let shape = PoolShape { block_records: t, slots };
+        let mut count = vec![0u32; n as usize];
+        let (mut pieces, mut drawn) = (Vec::new(), Vec::new());
+        for rank in 0..world {
+            let cut = Sharding::new(n, bs, rank, world, drop_last).unwrap();
+            let order = PoolOrder::new(cut, shape, 9, 3, shuffle).unwrap();
+            // The pieces of the groups are the share, block-aligned, each within one block.
+            let mut total = 0;
+            for g in 0..order.groups() {
+                order.pieces(g, &mut pieces);
+                assert!(pieces.len() as u64 <= slots);
+                for p in &pieces {
+                    assert!(p.len() >= 1 && p.len() <= t);
+                    assert_eq!(p.records.start / t, (p.records.end - 1) / t, "{p:?} crosses a block");
+                    total += p.len();
+                }
+            }
+            assert_eq!(total, cut.per_rank());
+            for b in 0..cut.batches() {
+                let gs = order.batch_groups(b);
+                assert!(gs.end - gs.start <= 2);
+                order.batch(b, &mut pieces, &mut drawn);
+                assert_eq!(drawn.len() as u64, cut.batch(b).end - cut.batch(b).start);
+                for d in &drawn {
+                    let g = gs.clone().find(|g| g % 2 == d.slot / slots).unwrap();
+                    order.pieces(g, &mut pieces);
+                    let piece = &pieces[(d.slot % slots) as usize];
+                    assert_eq!(piece.records.start + d.index, d.record);
+                    count[d.record as usize] += 1;
+                }
+            }
+        }
+        if drop_last {
+            assert!(count.iter().all(|&c| c <= 1));
+        } else {
+            assert!(count.iter().all(|&c| c >= 1), "n {n} t {t} slots {slots} bs {bs} world {world}: {count:?}");
+            assert_eq!(count.iter().map(|&c| u64::from(c)).sum::<u64>(), n.div_ceil(world) * world);
+        }
+    }
+
+    #[test]
+    fn every_record_once_per_epoch_over_every_rank() {
+        for shuffle in [true, false] {
+            every_record(100, 10, 2, 7, 1, false, shuffle);
+            every_record(103, 10, 3, 7, 1, false, shuffle);
+            every_record(103, 10, 3, 7, 3, false, shuffle);
+            every_record(103, 10, 3, 7, 3, true, shuffle);
+            every_record(1000, 64, 4, 100, 4, false, shuffle);
+            every_record(57, 8, 4, 5, 7, false, shuffle);
+            every_record(9, 4, 2, 2, 4, false, shuffle);
+        }
+    }
+
+    #[test]
+    fn a_batch_larger_than_a_group_is_refused() {
+        let cut = Sharding::new(1000, 100, 0, 1, false).unwrap();
+        let e = PoolOrder::new(cut, PoolShape { block_records: 10, slots: 5 }, 1, 0, true).unwrap_err();
+        assert!(e.to_string().contains("fewer than a batch"), "{e}");
+    }
+
+    #[test]
+    fn a_batch_draws_from_many_blocks_and_epochs_differ() {
+        let cut = Sharding::new(100_000, 1000, 0, 1, false).unwrap();
+        let shape = PoolShape { block_records: 1000, slots: 16 };
+        let (a, b) = (PoolOrder::new(cut, shape, 5, 0, true).unwrap(), PoolOrder::new(cut, shape, 5, 1, true).unwrap());
+        let (mut pieces, mut da, mut db) = (Vec::new(), Vec::new(), Vec::new());
+        a.batch(3, &mut pieces, &mut da);
+        b.batch(3, &mut pieces, &mut db);
+        let mut blocks: Vec<u64> = da.iter().map(|d| d.record / 1000).collect();
+        blocks.sort();
+        blocks.dedup();
+        assert!(blocks.len() >= 12, "{} blocks", blocks.len());
+        assert_ne!(da, db);
+    }
+}
