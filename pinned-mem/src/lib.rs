@@ -112,6 +112,7 @@ mod error;
 mod mapping;
 mod memlock;
 mod range;
+mod registry;
 mod ring;
 mod sink;
 mod strategy;

@@ -1,9 +1,9 @@
 //! Read-only shared mappings of files, and page windows of them that CUDA can
 //! register in place.
 //!
-//! Always `PROT_READ` + `MAP_SHARED`: on the H200 a `MAP_PRIVATE` mapping once
-//! stalled `cudaHostRegister` for minutes, and the kernel refuses writable
-//! long-term pins of file pages, so neither is ever made here.
+//! Always `PROT_READ` + `MAP_SHARED`: registering a `MAP_PRIVATE` mapping can
+//! stall `cudaHostRegister`, and the kernel refuses writable long-term pins of
+//! file pages, so neither is ever made here.
 //!
 //! This module and `memlock.rs` hold the crate's `unsafe` code.
 
@@ -17,12 +17,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags};
-use wirespeed_cuda::{Device, DeviceBuffer, Pod};
+use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, Pod};
 
 use crate::budget::Reservation;
 use crate::error::{Error, Result};
-use crate::range::Registry;
+use crate::registry::Registry;
 use crate::util::{align_down, align_up, page_size};
+
+/// The registrations of a mapping's pages: each owns its [`FileWindow`].
+pub(crate) type FileRegistry = Registry<HostRegistration<FileWindow>>;
 
 /// A whole file mapped read-only and shared (`PROT_READ`, `MAP_SHARED`), handed
 /// around as `Arc<MappedFile>`: every pinned range, window and in-flight copy
@@ -45,7 +48,8 @@ pub struct MappedFile {
     path: PathBuf,
     file: File,
     id: (u64, u64),
-    pub(crate) registry: Registry,
+    /// The live registrations of the mapping's pages (see `registry.rs`).
+    pub(crate) registry: Arc<FileRegistry>,
 }
 
 // SAFETY: the mapping is read-only shared memory owned by this value; reading
@@ -139,7 +143,7 @@ impl MappedFile {
             id: (meta.dev(), meta.ino()),
             file,
             path,
-            registry: Registry::default(),
+            registry: Registry::new(),
         };
         // The size was read before mapping: check it still holds (a file being
         // written or truncated now would make part of the mapping fault).
@@ -489,6 +493,11 @@ impl FileWindow {
         unsafe { crate::memlock::lock(self.start(), self.len, self.file.path()) }?;
         self.locked = true;
         Ok(())
+    }
+
+    /// The mapped file the pages belong to.
+    pub(crate) fn file(&self) -> &Arc<MappedFile> {
+        &self.file
     }
 
     /// True when `mlock`-ed.
