@@ -362,8 +362,7 @@ impl MappedFile {
     /// ([`MappedFile::resident_bytes`]) up to 64 MiB, else from 256 evenly
     /// spaced samples of 64 KiB. `mincore` of a whole range costs a page
     /// cache lookup per 4 KiB page wherever the mapping's page tables are
-    /// still empty (a file mapped for one pass): 34-43 ms per 2 GiB measured,
-    /// against 0.5 ms once populated, and about a third of a 4 GiB pass at
+    /// still empty (a file mapped for one pass), a large share of a pass at
     /// the line rate; the plan needs only whether most of it is cached.
     pub(crate) fn resident_estimate(&self, range: Range<u64>) -> Result<u64> {
         const PROBES: u64 = 256;
