@@ -62,18 +62,27 @@
 //!
 //! # Example
 //!
-//! ```no_run
+//! ```
+//! # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+//! # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+//! # let path = std::env::temp_dir().join(format!("wirespeed-doc-front-page-{}", std::process::id()));
+//! # std::fs::write(&path, vec![7u8; 8 << 20])?;
 //! use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
 //! use wirespeed_cuda::{Device, DeviceBuffer};
-//! # fn main() -> wirespeed_pinned::Result<()> {
 //! let dev = Device::get(0)?;
 //! // SAFETY: nobody writes or truncates the file while it is mapped.
-//! let file = unsafe { MappedFile::open("/data/train.bin") }?;
-//! let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
-//! let mut scratch = DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
+//! let file = unsafe { MappedFile::open(&path) }?; // of any size: here 8 MiB
+//! // Pin at most 2 MiB at once, and let the streamer pick the strategy.
+//! let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(2 << 20)))?;
+//! // The whole file to the GPU, through 1 MiB of device memory.
+//! let mut scratch = DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
 //! let report = streamer.to_scratch(&file, 0..file.len(), &mut scratch)?;
+//! assert_eq!(report.bytes, file.len());
 //! println!("{report}"); // the strategy, bytes, time, rate, CPU time, peak pinned bytes, registrations
-//! # Ok(()) }
+//! // Or a range of it into a device buffer of its own.
+//! let mut floats = file.device_buffer::<f32>(&dev, 4096..8192)?;
+//! streamer.to_device(&file, 4096..8192, &mut floats)?;
+//! # std::fs::remove_file(&path)?; Ok(()) }
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -32,12 +32,14 @@ pub(crate) type FileRegistry = Registry<HostRegistration<FileWindow>>;
 /// holds a clone, so the mapping outlives all of them whatever the caller drops
 /// or leaks.
 ///
-/// ```no_run
-/// # fn main() -> wirespeed_pinned::Result<()> {
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// let path = std::env::temp_dir().join(format!("wirespeed-doc-mapped-file-{}", std::process::id()));
+/// std::fs::write(&path, b"hello")?;
 /// // SAFETY: nothing writes or truncates the file while it is mapped.
-/// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+/// let file = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
 /// println!("{}: {} bytes, first byte {}", file.path().display(), file.len(), file.as_bytes()[0]);
-/// # Ok(()) }
+/// # std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 ///
 /// Opening is `unsafe`: see [`MappedFile::open`] for the contract.
@@ -85,11 +87,14 @@ impl MappedFile {
     /// a non-empty regular file that fits the address space and did not change
     /// size while being mapped.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// let path = std::env::temp_dir().join(format!("wirespeed-doc-open-{}", std::process::id()));
+    /// std::fs::write(&path, vec![1u8; 10_000])?;
     /// // SAFETY: the file is ours and stays unchanged while mapped.
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// assert!(f.len() > 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// assert_eq!(f.len(), 10_000);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Safety
@@ -159,10 +164,14 @@ impl MappedFile {
 
     /// The file's length in bytes (never 0).
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// println!("{} bytes", f.len());
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-len-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![1u8; 10_000])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// assert_eq!(f.len(), 10_000);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     #[allow(clippy::len_without_is_empty)] // a mapped file is never empty
     pub fn len(&self) -> u64 {
@@ -171,10 +180,14 @@ impl MappedFile {
 
     /// The path it was opened with.
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// assert_eq!(f.path(), std::path::Path::new("/data/train.bin"));
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-path-{}", std::process::id()));
+    /// # std::fs::write(&path, b"data")?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// assert_eq!(f.path(), path);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn path(&self) -> &Path {
         &self.path
@@ -182,12 +195,17 @@ impl MappedFile {
 
     /// The open file (read-only), e.g. for `pread`.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-file-{}", std::process::id()));
+    /// # std::fs::write(&path, (0..=255u8).collect::<Vec<_>>())?;
     /// use std::os::unix::fs::FileExt;
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// let mut head = [0u8; 16];
-    /// f.file().read_exact_at(&mut head, 0).unwrap();
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// let mut head = [0u8; 4];
+    /// f.file().read_exact_at(&mut head, 16)?;
+    /// assert_eq!(head, [16, 17, 18, 19]);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn file(&self) -> &File {
         &self.file
@@ -195,10 +213,15 @@ impl MappedFile {
 
     /// All the file's bytes, through the mapping (pages fault in on first touch).
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-as-bytes-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![2u8; 8192])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
     /// let sum: u64 = f.as_bytes()[..4096].iter().map(|&b| u64::from(b)).sum();
-    /// # let _ = sum; Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(sum, 2 * 4096);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: `ptr` maps `map_len >= len` readable bytes for as long as
@@ -295,10 +318,15 @@ impl MappedFile {
     /// refuses `MADV_DONTNEED` for the whole mapping (`EINVAL`): that step is
     /// then skipped, and only the pages no one maps are dropped.
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-drop-page-cache-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![3u8; 1 << 20])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
     /// f.drop_page_cache()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(f.as_bytes()[0], 3); // read from the file again
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -318,11 +346,16 @@ impl MappedFile {
     /// How many bytes of `range` are in the page cache now (`mincore`), counted
     /// in whole pages and clipped to `range`.
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-resident-bytes-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![4u8; 1 << 20])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
     /// let cached = f.resident_bytes(0..f.len())?;
+    /// assert!(cached <= f.len());
     /// println!("{:.0}% cached", 100.0 * cached as f64 / f.len() as f64);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors

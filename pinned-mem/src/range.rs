@@ -60,18 +60,24 @@ type Registration = HostRegistration<FileWindow>;
 /// `munlock`) happen when the last range sharing the registration is dropped or
 /// [released](PinnedRange::release); `Drop` first waits for copies reading it.
 ///
-/// ```no_run
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+/// # let path = std::env::temp_dir().join(format!("wirespeed-doc-pinned-range-{}", std::process::id()));
+/// # std::fs::write(&path, vec![7u8; 2 << 20])?;
 /// use wirespeed_pinned::{MappedFile, PinBudget, PinOptions, PinnedRange};
 /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
-/// # fn main() -> wirespeed_pinned::Result<()> {
-/// let file = unsafe { MappedFile::open("/data/train.bin") }?;
-/// let budget = PinBudget::new(4 << 30);
+/// // SAFETY: nobody writes or truncates the file while it is mapped.
+/// let file = unsafe { MappedFile::open(&path) }?;
+/// let budget = PinBudget::new(4 << 20);
 /// let range = PinnedRange::new(&file, 1000..(1 << 20) + 1000, PinOptions::default(), &budget)?;
 /// let dev = Device::get(0)?;
 /// let mut dst = DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
 /// Stream::new(&dev)?.copy_to_device(&range.source(), &mut dst)?.wait()?;
+/// assert_eq!(dst.to_vec()?, range.as_bytes());
 /// range.release()?; // or just drop it
-/// # Ok(()) }
+/// assert_eq!(budget.used(), 0);
+/// # std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 pub struct PinnedRange {
     lease: Lease<Registration>,
@@ -107,13 +113,17 @@ impl PinnedRange {
     /// from the line rate). A range inside a live registration shares it
     /// whatever device that was made for.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-new-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..file.len(), PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert_eq!(r.len(), file.len());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -168,20 +178,24 @@ impl PinnedRange {
     /// mapping shares it, whichever context made it (the one that made it
     /// unregisters it, in its own context, once the last sharer is gone).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-new-in-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 20])?;
     /// # use wirespeed_pinned::*;
     /// use std::sync::Arc;
     /// use wirespeed_cuda::{Device, RegistrationContext};
-    /// # fn main() -> Result<()> {
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open(&path) }?;
     /// let dev = Device::get(0)?;
-    /// let budget = PinBudget::new(4 << 30);
+    /// let budget = PinBudget::new(4 << 20);
     /// let r = match RegistrationContext::new(&dev) {
-    ///     Ok(ctx) => PinnedRange::new_in(&Arc::new(ctx), &file, 0..1 << 30, PinOptions::default(), &budget)?,
-    ///     Err(_) => PinnedRange::new(&file, 0..1 << 30, PinOptions::default(), &budget)?, // the fallback
+    ///     Ok(ctx) => PinnedRange::new_in(&Arc::new(ctx), &file, 0..file.len(), PinOptions::default(), &budget)?,
+    ///     Err(_) => PinnedRange::new(&file, 0..file.len(), PinOptions::default(), &budget)?, // the fallback
     /// };
     /// assert!(r.is_portable() || r.context().is_none());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -231,13 +245,17 @@ impl PinnedRange {
 
     /// Exactly the bytes asked for, as a source of asynchronous copies.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-source-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 10..20, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.source().len(), 10);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn source(&self) -> PinnedSlice<'_, u8> {
         let base = self.lease.pages().start;
@@ -247,13 +265,18 @@ impl PinnedRange {
 
     /// Bytes `r` of the range (relative to its start) as a copy source.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-slice-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..4096, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.slice(100..200)?.len(), 100);
-    /// # Ok(()) }
+    /// assert!(r.slice(4000..5000).is_err()); // past the range
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -271,13 +294,17 @@ impl PinnedRange {
 
     /// The bytes, read through the mapping.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-as-bytes-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..16, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.as_bytes(), &file.as_bytes()[..16]);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn as_bytes(&self) -> &[u8] {
         &self.file().as_bytes()[self.range.start as usize..self.range.end as usize]
@@ -285,13 +312,17 @@ impl PinnedRange {
 
     /// The file bytes asked for.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.range(), 5..9);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn range(&self) -> Range<u64> {
         self.range.clone()
@@ -299,12 +330,16 @@ impl PinnedRange {
 
     /// The number of bytes asked for (never 0).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-len-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// assert_eq!(PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?.len(), 4);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     #[allow(clippy::len_without_is_empty)] // never empty: empty ranges are refused
     pub fn len(&self) -> u64 {
@@ -314,13 +349,17 @@ impl PinnedRange {
     /// The registered pages (file offsets, rounded out), possibly those of a
     /// larger registration this range shares.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-pinned-pages-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.pinned_pages().start, 0);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn pinned_pages(&self) -> Range<u64> {
         self.lease.pages().clone()
@@ -328,13 +367,17 @@ impl PinnedRange {
 
     /// True when the pages are also `mlock`-ed.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-is-mlocked-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { mlock: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert!(r.is_mlocked());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn is_mlocked(&self) -> bool {
         self.lease.value().memory().is_locked()
@@ -342,13 +385,17 @@ impl PinnedRange {
 
     /// True when registered for every device.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-is-portable-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert!(r.is_portable());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn is_portable(&self) -> bool {
         self.lease.terms().portable
@@ -357,13 +404,17 @@ impl PinnedRange {
     /// The registration context it is registered in, or `None` for the primary
     /// context ([`PinnedRange::new`]).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-context-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert!(r.context().is_none());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn context(&self) -> Option<&Arc<RegistrationContext>> {
         self.lease.value().context()
@@ -371,15 +422,21 @@ impl PinnedRange {
 
     /// How many ranges share this registration (1 when alone).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-sharers-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let b = PinBudget::unlimited();
     /// let all = PinnedRange::new(&file, 0..8192, PinOptions::default(), &b)?;
     /// let part = PinnedRange::new(&file, 100..200, PinOptions::default(), &b)?; // shares `all`
     /// assert_eq!(part.sharers(), 2);
-    /// # Ok(()) }
+    /// drop(all);
+    /// assert_eq!(part.sharers(), 1);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn sharers(&self) -> usize {
         self.lease.sharers()
@@ -387,13 +444,17 @@ impl PinnedRange {
 
     /// The mapped file.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-file-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert!(std::sync::Arc::ptr_eq(r.file(), &file));
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn file(&self) -> &Arc<MappedFile> {
         self.lease.value().memory().file()
@@ -403,12 +464,16 @@ impl PinnedRange {
     /// reading it, unregisters, unlocks and returns the budget, reporting
     /// `cudaHostUnregister`'s error (dropping does the same, silently).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-release-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?.release()?;
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors

@@ -57,10 +57,11 @@ pub use slots::{FreeSlot, FullSlot, InFlightSlot, SlotSource};
 /// [`Stream`](wirespeed_cuda::Stream) that the slots' events were recorded on (see the module docs).
 /// Never unsound: nothing is freed under a copy.
 ///
-/// ```no_run
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
 /// use wirespeed_pinned::{PinBudget, PinnedRing};
 /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
-/// # fn main() -> wirespeed_pinned::Result<()> {
 /// let dev = Device::get(0)?;
 /// let stream = Stream::new(&dev)?;
 /// let ring = PinnedRing::new(4, 1 << 20, &PinBudget::new(64 << 20))?;
@@ -72,6 +73,7 @@ pub use slots::{FreeSlot, FullSlot, InFlightSlot, SlotSource};
 /// }
 /// ring.drain()?;
 /// assert_eq!(ring.allocations(), 4); // never more than the slots
+/// assert_eq!(dst.to_vec()?[15 << 20], 15);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -99,10 +101,12 @@ impl PinnedRing {
     /// sizes on a real GPU), each slot's block is a page larger, and that slack
     /// is drawn from `budget` too.
     ///
-    /// ```no_run
-    /// let ring = wirespeed_pinned::PinnedRing::new(8, 16 << 20, &wirespeed_pinned::PinBudget::new(1 << 30))?;
-    /// assert_eq!((ring.slots(), ring.slot_bytes()), (8, 16 << 20));
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// let ring = wirespeed_pinned::PinnedRing::new(8, 1 << 20, &wirespeed_pinned::PinBudget::new(16 << 20))?;
+    /// assert_eq!((ring.slots(), ring.slot_bytes()), (8, 1 << 20));
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -114,10 +118,12 @@ impl PinnedRing {
 
     /// The number of slots.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.slots(), 3);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn slots(&self) -> usize {
         self.inner.slots
@@ -125,10 +131,12 @@ impl PinnedRing {
 
     /// The size of each slot in bytes.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.slot_bytes(), 4096);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn slot_bytes(&self) -> usize {
         self.inner.slot_bytes
@@ -138,10 +146,12 @@ impl PinnedRing {
     /// alignment slack of slots whose block `cudaHostAlloc` did not page-align
     /// (see [`PinnedRing::new`]).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(3, 1 << 20, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert!(ring.pinned_bytes() >= 3 << 20);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn pinned_bytes(&self) -> u64 {
         self.inner.reservation.bytes() + self.inner.slack.iter().map(Reservation::bytes).sum::<u64>()
@@ -150,10 +160,12 @@ impl PinnedRing {
     /// Pinned allocations this ring has made: equal to [`PinnedRing::slots`]
     /// after start-up, and it never grows.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.allocations(), 3);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn allocations(&self) -> u64 {
         self.inner.allocations.load(Ordering::Relaxed)
@@ -161,11 +173,13 @@ impl PinnedRing {
 
     /// Slots free now (not counting in-flight ones whose copies may have finished).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let s = ring.acquire()?;
     /// assert_eq!(ring.free_slots(), 2);
-    /// # drop(s); Ok::<(), wirespeed_pinned::Error>(())
+    /// # drop(s); Ok(()) }
     /// ```
     pub fn free_slots(&self) -> usize {
         lock(&self.inner.state).free.len()
@@ -173,10 +187,12 @@ impl PinnedRing {
 
     /// Slots whose copies were submitted and not yet waited for.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(3, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.in_flight_slots(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn in_flight_slots(&self) -> usize {
         lock(&self.inner.state).in_flight.len()
@@ -189,11 +205,13 @@ impl PinnedRing {
     /// A thread holding every slot of the ring and asking for one more waits
     /// forever: use [`PinnedRing::try_acquire`] or [`PinnedRing::acquire_timeout`] then.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(2, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let mut slot = ring.acquire()?;
     /// slot.as_mut_slice()?[0] = 1;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -205,11 +223,13 @@ impl PinnedRing {
     /// A free slot if one is free or in flight now, else `None` (never blocks on
     /// other threads; may wait for the oldest in-flight copy).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let a = ring.try_acquire()?.expect("one slot");
     /// assert!(ring.try_acquire()?.is_none());
-    /// # drop(a); Ok::<(), wirespeed_pinned::Error>(())
+    /// # drop(a); Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -220,11 +240,13 @@ impl PinnedRing {
 
     /// As [`PinnedRing::acquire`], giving up with `None` after `timeout`.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let _a = ring.acquire()?;
     /// assert!(ring.acquire_timeout(std::time::Duration::from_millis(1))?.is_none());
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -265,11 +287,17 @@ impl PinnedRing {
     /// Waits for every in-flight slot's copies and makes them free; returns the
     /// bytes of those copies (for progress accounting).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
-    /// ring.drain()?;
+    /// # use wirespeed_cuda::*;
+    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
+    /// # let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
+    /// drop(ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?);
+    /// assert_eq!(ring.drain()?, 2); // the bytes of the copies waited for
     /// assert_eq!(ring.in_flight_slots(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors

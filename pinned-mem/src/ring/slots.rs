@@ -44,11 +44,13 @@ impl Drop for Held {
 /// and keeps the whole ring alive for the rest of the process (its slots, its
 /// budget reservation, and the streams its slots' events were recorded on).
 ///
-/// ```no_run
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
 /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
 /// let full = ring.acquire()?.fill_with(|buf| { buf[..3].copy_from_slice(b"abc"); Ok(3) })?;
 /// assert_eq!(full.data()?, b"abc");
-/// # Ok::<(), wirespeed_pinned::Error>(())
+/// # Ok(()) }
 /// ```
 pub struct FreeSlot {
     held: Held,
@@ -68,10 +70,12 @@ impl FreeSlot {
 
     /// Which slot of the ring this is (0-based).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.index(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn index(&self) -> usize {
         self.held.slot.as_ref().map_or(usize::MAX, |s| s.index)
@@ -79,10 +83,12 @@ impl FreeSlot {
 
     /// The slot's size in bytes.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.capacity(), 4096);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn capacity(&self) -> usize {
         self.held.ring.slot_bytes
@@ -91,10 +97,12 @@ impl FreeSlot {
     /// Bytes of this slot's previous copy whose completion was observed in
     /// handing it out (0 when none): for progress accounting.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.completed_bytes(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn completed_bytes(&self) -> u64 {
         self.completed
@@ -102,11 +110,13 @@ impl FreeSlot {
 
     /// The whole slot, writable (page-aligned: fit for `O_DIRECT` reads).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let mut s = ring.acquire()?;
     /// s.as_mut_slice()?.fill(7);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -121,13 +131,15 @@ impl FreeSlot {
 
     /// Marks bytes `data` of the slot as the content to copy.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let mut s = ring.acquire()?;
     /// s.as_mut_slice()?[..4].copy_from_slice(b"data");
     /// let full = s.fill(0..4)?;
     /// assert_eq!(full.len(), 4);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -143,10 +155,13 @@ impl FreeSlot {
 
     /// Fills the slot with `f`, which returns how many bytes (from the start) it wrote.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// let full = ring.acquire()?.fill_with(|b| { b.fill(1); Ok(b.len()) })?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(full.len(), 4096);
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -158,11 +173,18 @@ impl FreeSlot {
 
     /// Copies `src` (e.g. part of a mapping) into the slot.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
-    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-copy-from-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 8192])?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    ///
     /// let full = ring.acquire()?.copy_from(&file.as_bytes()[..4096])?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(full.data()?, &file.as_bytes()[..4096]);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -182,11 +204,18 @@ impl FreeSlot {
 
     /// Reads `len` bytes of `file` at `offset` into the slot (`pread`).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
-    /// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-read-from-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 8192])?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    ///
     /// let full = ring.acquire()?.read_from(&file, 0, 4096)?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(full.data()?, &file.as_bytes()[..4096]);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -220,15 +249,17 @@ impl FreeSlot {
 /// and keeps the whole ring alive for the rest of the process (its slots, its
 /// budget reservation, and the streams its slots' events were recorded on).
 ///
-/// ```no_run
-/// # use wirespeed_cuda::*;
-/// # fn main() -> wirespeed_pinned::Result<()> {
-/// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
 /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+/// # use wirespeed_cuda::*;
+/// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
 /// let mut dst = DeviceBuffer::<u8>::new(&dev, 3)?;
 /// let full = ring.acquire()?.copy_from(b"abc")?;
 /// let in_flight = full.copy_to_device(&stream, &mut dst)?;
 /// let free_again = in_flight.wait()?;
+/// assert_eq!(dst.to_vec()?, b"abc");
 /// # drop(free_again); Ok(()) }
 /// ```
 pub struct FullSlot {
@@ -243,13 +274,32 @@ impl std::fmt::Debug for FullSlot {
 }
 
 /// The filled bytes of a slot, as copy sources, inside [`FullSlot::submit`].
+///
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+/// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+/// let dev = Device::get(0)?;
+/// let stream = Stream::new(&dev)?;
+/// let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+/// let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
+/// let full = ring.acquire()?.copy_from(b"abcd")?;
+/// full.submit(&[&stream], |src| {
+///     assert_eq!((src.len(), src.all()?.len()), (4, 4));
+///     stream.copy_to_device(&src.slice(1..3)?, &mut dst)?.detach(); // "bc"
+///     Ok(())
+/// })?
+/// .wait()?;
+/// assert_eq!(dst.to_vec()?, b"bc");
+/// # Ok(()) }
+/// ```
 pub struct SlotSource<'a> {
     buf: &'a PinnedBuffer<u8>,
     data: Range<usize>,
 }
 
 impl SlotSource<'_> {
-    /// The filled length.
+    /// The filled length (see the example of [`SlotSource`]).
     pub fn len(&self) -> usize {
         self.data.len()
     }
@@ -282,10 +332,12 @@ impl SlotSource<'_> {
 impl FullSlot {
     /// The number of filled bytes.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.copy_from(b"ab")?.len(), 2);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn len(&self) -> usize {
         self.data.len()
@@ -293,10 +345,12 @@ impl FullSlot {
 
     /// True when nothing was filled.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert!(ring.acquire()?.fill(0..0)?.is_empty());
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
@@ -304,10 +358,12 @@ impl FullSlot {
 
     /// The filled bytes, for the host to read.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
     /// assert_eq!(ring.acquire()?.copy_from(b"ab")?.data()?, b"ab");
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -322,13 +378,16 @@ impl FullSlot {
     /// Copies the filled bytes to `dst` (same length) on `stream`, records the
     /// slot's event after it, and hands the slot over as in flight.
     ///
-    /// ```no_run
-    /// # use wirespeed_cuda::*;
-    /// # fn main() -> wirespeed_pinned::Result<()> {
-    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+    /// # use wirespeed_cuda::*;
+    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
     /// let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
     /// drop(ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?);
+    /// # ring.drain()?;
+    /// # assert_eq!(dst.to_vec()?, b"ab");
     /// # Ok(()) }
     /// ```
     ///
@@ -348,20 +407,25 @@ impl FullSlot {
     /// only to `streams` for the ring to wait on them precisely (others are still
     /// safe: the slot's fence covers every copy).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_cuda::*;
-    /// # fn main() -> wirespeed_pinned::Result<()> {
-    /// # let (d0, d1) = (Device::get(0)?, Device::get(1)?);
-    /// # let (s0, s1) = (Stream::new(&d0)?, Stream::new(&d1)?);
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
-    /// let (mut a, mut b) = (DeviceBuffer::<u8>::new(&d0, 2)?, DeviceBuffer::<u8>::new(&d1, 2)?);
-    /// let full = ring.acquire()?.copy_from(b"ab")?;
+    /// let dev = Device::get(0)?;
+    /// let (s0, s1) = (Stream::new(&dev)?, Stream::new(&dev)?);
+    /// let mut dst = DeviceBuffer::<u8>::new(&dev, 4)?;
+    /// let (mut a, mut b) = dst.split_at_mut(2)?;
+    /// let full = ring.acquire()?.copy_from(b"abcd")?;
+    /// // Two halves on two streams (or the whole slot to several devices).
     /// let in_flight = full.submit(&[&s0, &s1], |src| {
-    ///     s0.copy_to_device(&src.all()?, &mut a)?.detach();
-    ///     s1.copy_to_device(&src.all()?, &mut b)?.detach();
+    ///     s0.copy_to_device(&src.slice(0..2)?, &mut a)?.detach();
+    ///     s1.copy_to_device(&src.slice(2..4)?, &mut b)?.detach();
     ///     Ok(())
     /// })?;
-    /// # drop(in_flight); Ok(()) }
+    /// in_flight.wait()?;
+    /// assert_eq!(dst.to_vec()?, b"abcd");
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -400,6 +464,22 @@ impl FullSlot {
 /// the rest of the process: its slots, its budget reservation, and the streams
 /// its slots' events were recorded on (each event keeps its stream: the handle,
 /// and on a GPU its place in the context).
+///
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+/// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+/// let dev = Device::get(0)?;
+/// let stream = Stream::new(&dev)?;
+/// let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+/// let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
+/// let in_flight = ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?;
+/// drop(in_flight); // back to the ring as in flight
+/// assert_eq!(ring.in_flight_slots(), 1);
+/// let again = ring.acquire()?; // handed out once its copy completed
+/// assert_eq!(again.completed_bytes(), 2);
+/// # Ok(()) }
+/// ```
 pub struct InFlightSlot {
     held: Held,
 }
@@ -413,11 +493,12 @@ impl std::fmt::Debug for InFlightSlot {
 impl InFlightSlot {
     /// True when its copies completed (asks the events, does not wait).
     ///
-    /// ```no_run
-    /// # use wirespeed_cuda::*;
-    /// # fn main() -> wirespeed_pinned::Result<()> {
-    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+    /// # use wirespeed_cuda::*;
+    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
     /// # let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
     /// let f = ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?;
     /// while !f.is_complete()? {}
@@ -433,11 +514,12 @@ impl InFlightSlot {
     /// Waits for its copies (on its events, without spinning) and returns the
     /// slot free.
     ///
-    /// ```no_run
-    /// # use wirespeed_cuda::*;
-    /// # fn main() -> wirespeed_pinned::Result<()> {
-    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+    /// # use wirespeed_cuda::*;
+    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
     /// # let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
     /// let free = ring.acquire()?.copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?.wait()?;
     /// assert_eq!(free.completed_bytes(), 2);
