@@ -214,11 +214,23 @@ impl std::fmt::Debug for Reservation {
 
 impl Reservation {
     /// The bytes held.
+    ///
+    /// ```
+    /// let b = wirespeed_pinned::PinBudget::new(10);
+    /// assert_eq!(b.reserve(4)?.bytes(), 4);
+    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// The budget they were drawn from.
+    ///
+    /// ```
+    /// let b = wirespeed_pinned::PinBudget::new(10);
+    /// assert!(b.reserve(4)?.budget().same(&b));
+    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
     pub fn budget(&self) -> &PinBudget {
         &self.budget
     }

@@ -144,6 +144,15 @@ impl Error {
     }
 
     /// The CUDA error, when this is one.
+    ///
+    /// ```
+    /// let e = wirespeed_pinned::Error::from(wirespeed_cuda::Error::Cuda {
+    ///     call: "cudaMemcpyAsync", code: 700, name: "cudaErrorIllegalAddress".into(), message: String::new(),
+    /// });
+    /// assert!(e.as_cuda().is_some());
+    /// let budget = wirespeed_pinned::Error::BudgetExceeded { requested: 2, available: 1, limit: 1 };
+    /// assert!(budget.as_cuda().is_none());
+    /// ```
     pub fn as_cuda(&self) -> Option<&wirespeed_cuda::Error> {
         match self {
             Error::Cuda(e) => Some(e),
@@ -153,6 +162,13 @@ impl Error {
 
     /// True when the CUDA context is lost and nothing on the device will work
     /// again in this process (see [`wirespeed_cuda::Error::is_sticky`]).
+    ///
+    /// ```
+    /// let e = wirespeed_pinned::Error::from(wirespeed_cuda::Error::Cuda {
+    ///     call: "cudaMemcpyAsync", code: 700, name: "cudaErrorIllegalAddress".into(), message: String::new(),
+    /// });
+    /// assert!(e.is_sticky()); // an illegal address loses the context
+    /// ```
     pub fn is_sticky(&self) -> bool {
         self.as_cuda().is_some_and(wirespeed_cuda::Error::is_sticky)
     }

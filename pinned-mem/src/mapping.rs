@@ -1,9 +1,9 @@
 //! Read-only shared mappings of files, and page windows of them that CUDA can
 //! register in place.
 //!
-//! Always `PROT_READ` + `MAP_SHARED`: on the H200 a `MAP_PRIVATE` mapping once
-//! stalled `cudaHostRegister` for minutes, and the kernel refuses writable
-//! long-term pins of file pages, so neither is ever made here.
+//! Always `PROT_READ` + `MAP_SHARED`: registering a `MAP_PRIVATE` mapping can
+//! stall `cudaHostRegister`, and the kernel refuses writable long-term pins of
+//! file pages, so neither is ever made here.
 //!
 //! This module and `memlock.rs` hold the crate's `unsafe` code.
 
@@ -17,24 +17,29 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags};
-use wirespeed_cuda::{Device, DeviceBuffer, Pod};
+use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, Pod};
 
 use crate::budget::Reservation;
 use crate::error::{Error, Result};
-use crate::range::Registry;
+use crate::registry::Registry;
 use crate::util::{align_down, align_up, page_size};
+
+/// The registrations of a mapping's pages: each owns its [`FileWindow`].
+pub(crate) type FileRegistry = Registry<HostRegistration<FileWindow>>;
 
 /// A whole file mapped read-only and shared (`PROT_READ`, `MAP_SHARED`), handed
 /// around as `Arc<MappedFile>`: every pinned range, window and in-flight copy
 /// holds a clone, so the mapping outlives all of them whatever the caller drops
 /// or leaks.
 ///
-/// ```no_run
-/// # fn main() -> wirespeed_pinned::Result<()> {
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// let path = std::env::temp_dir().join(format!("wirespeed-doc-mapped-file-{}", std::process::id()));
+/// std::fs::write(&path, b"hello")?;
 /// // SAFETY: nothing writes or truncates the file while it is mapped.
-/// let file = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+/// let file = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
 /// println!("{}: {} bytes, first byte {}", file.path().display(), file.len(), file.as_bytes()[0]);
-/// # Ok(()) }
+/// # std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 ///
 /// Opening is `unsafe`: see [`MappedFile::open`] for the contract.
@@ -45,7 +50,8 @@ pub struct MappedFile {
     path: PathBuf,
     file: File,
     id: (u64, u64),
-    pub(crate) registry: Registry,
+    /// The live registrations of the mapping's pages (see `registry.rs`).
+    pub(crate) registry: Arc<FileRegistry>,
 }
 
 // SAFETY: the mapping is read-only shared memory owned by this value; reading
@@ -81,11 +87,14 @@ impl MappedFile {
     /// a non-empty regular file that fits the address space and did not change
     /// size while being mapped.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// let path = std::env::temp_dir().join(format!("wirespeed-doc-open-{}", std::process::id()));
+    /// std::fs::write(&path, vec![1u8; 10_000])?;
     /// // SAFETY: the file is ours and stays unchanged while mapped.
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// assert!(f.len() > 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// assert_eq!(f.len(), 10_000);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Safety
@@ -139,7 +148,7 @@ impl MappedFile {
             id: (meta.dev(), meta.ino()),
             file,
             path,
-            registry: Registry::default(),
+            registry: Registry::new(),
         };
         // The size was read before mapping: check it still holds (a file being
         // written or truncated now would make part of the mapping fault).
@@ -155,10 +164,14 @@ impl MappedFile {
 
     /// The file's length in bytes (never 0).
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// println!("{} bytes", f.len());
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-len-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![1u8; 10_000])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// assert_eq!(f.len(), 10_000);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     #[allow(clippy::len_without_is_empty)] // a mapped file is never empty
     pub fn len(&self) -> u64 {
@@ -167,10 +180,14 @@ impl MappedFile {
 
     /// The path it was opened with.
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// assert_eq!(f.path(), std::path::Path::new("/data/train.bin"));
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-path-{}", std::process::id()));
+    /// # std::fs::write(&path, b"data")?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// assert_eq!(f.path(), path);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn path(&self) -> &Path {
         &self.path
@@ -178,12 +195,17 @@ impl MappedFile {
 
     /// The open file (read-only), e.g. for `pread`.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-file-{}", std::process::id()));
+    /// # std::fs::write(&path, (0..=255u8).collect::<Vec<_>>())?;
     /// use std::os::unix::fs::FileExt;
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
-    /// let mut head = [0u8; 16];
-    /// f.file().read_exact_at(&mut head, 0).unwrap();
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// let mut head = [0u8; 4];
+    /// f.file().read_exact_at(&mut head, 16)?;
+    /// assert_eq!(head, [16, 17, 18, 19]);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn file(&self) -> &File {
         &self.file
@@ -191,10 +213,15 @@ impl MappedFile {
 
     /// All the file's bytes, through the mapping (pages fault in on first touch).
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-as-bytes-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![2u8; 8192])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
     /// let sum: u64 = f.as_bytes()[..4096].iter().map(|&b| u64::from(b)).sum();
-    /// # let _ = sum; Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(sum, 2 * 4096);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: `ptr` maps `map_len >= len` readable bytes for as long as
@@ -291,10 +318,15 @@ impl MappedFile {
     /// refuses `MADV_DONTNEED` for the whole mapping (`EINVAL`): that step is
     /// then skipped, and only the pages no one maps are dropped.
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-drop-page-cache-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![3u8; 1 << 20])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
     /// f.drop_page_cache()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(f.as_bytes()[0], 3); // read from the file again
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -314,11 +346,16 @@ impl MappedFile {
     /// How many bytes of `range` are in the page cache now (`mincore`), counted
     /// in whole pages and clipped to `range`.
     ///
-    /// ```no_run
-    /// let f = unsafe { wirespeed_pinned::MappedFile::open("/data/train.bin") }?;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-resident-bytes-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![4u8; 1 << 20])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
     /// let cached = f.resident_bytes(0..f.len())?;
+    /// assert!(cached <= f.len());
     /// println!("{:.0}% cached", 100.0 * cached as f64 / f.len() as f64);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -358,8 +395,7 @@ impl MappedFile {
     /// ([`MappedFile::resident_bytes`]) up to 64 MiB, else from 256 evenly
     /// spaced samples of 64 KiB. `mincore` of a whole range costs a page
     /// cache lookup per 4 KiB page wherever the mapping's page tables are
-    /// still empty (a file mapped for one pass): 34-43 ms per 2 GiB measured,
-    /// against 0.5 ms once populated, and about a third of a 4 GiB pass at
+    /// still empty (a file mapped for one pass), a large share of a pass at
     /// the line rate; the plan needs only whether most of it is cached.
     pub(crate) fn resident_estimate(&self, range: Range<u64>) -> Result<u64> {
         const PROBES: u64 = 256;
@@ -489,6 +525,11 @@ impl FileWindow {
         unsafe { crate::memlock::lock(self.start(), self.len, self.file.path()) }?;
         self.locked = true;
         Ok(())
+    }
+
+    /// The mapped file the pages belong to.
+    pub(crate) fn file(&self) -> &Arc<MappedFile> {
+        &self.file
     }
 
     /// True when `mlock`-ed.

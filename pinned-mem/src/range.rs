@@ -3,26 +3,27 @@
 //! `cudaHostRegister(ReadOnly [| Portable])`.
 //!
 //! CUDA refuses a page registered twice, so each mapping keeps a registry of
-//! its live registrations: a range inside a live registration **shares** it (no
-//! new registration, no new budget); a range that overlaps one without being
-//! inside it is refused with [`Error::Overlap`].
+//! its live registrations (`registry.rs`): a range inside a live registration
+//! **shares** it (no new registration, no new budget); a range that overlaps
+//! one without being inside it is refused with [`Error::Overlap`].
 //!
 //! [`PinnedRange::new_in`] registers in a [`RegistrationContext`] instead of
-//! the primary context (measured on an H200: unregistering there neither waits
-//! for nor stalls the copies of the primary context). A range inside a live
-//! registration shares it whatever context either asks for: copies run in the
-//! primary context, which sees portable registrations of every context, and
-//! the owner unregisters in its own.
+//! the primary context: unregistering there neither waits for nor stalls the
+//! copies of the primary context. A range inside a live registration shares
+//! it whatever context either asks for: copies run in the primary context,
+//! which sees portable registrations of every context, and the owner
+//! unregisters in its own.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use wirespeed_cuda::{Device, HostRegistration, PinnedSlice, RegisterFlags, RegistrationContext};
 
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::{FileWindow, MappedFile};
+use crate::registry::{Claim, Lease, Terms};
 use crate::util::{align_down, align_up, page_size};
 
 /// How to pin a range.
@@ -45,97 +46,10 @@ pub struct PinOptions {
     pub portable: bool,
 }
 
-/// One live registration entry of a mapping.
-struct Entry {
-    id: u64,
-    pages: Range<u64>,
-    portable: bool,
-    mlock: bool,
-    reg: Weak<Registered>,
-    /// Unregistering failed twice: the pages stay registered for good.
-    leaked: bool,
-}
-
-/// The live registrations of one mapping (kept in [`MappedFile`]).
-#[derive(Default)]
-pub(crate) struct Registry {
-    state: Mutex<RegistryState>,
-    /// Signalled when an entry is removed.
-    removed: Condvar,
-}
-
-#[derive(Default)]
-struct RegistryState {
-    entries: Vec<Entry>,
-    next_id: u64,
-}
-
-impl Registry {
-    /// The pages of the live registration (one still held by someone) that
-    /// overlaps `pages` and starts first, if any: the streamer cuts its
-    /// windows at such a registration's edges and shares it for the pages
-    /// inside, instead of failing with [`Error::Overlap`].
-    pub(crate) fn first_live_overlap(&self, pages: &Range<u64>) -> Option<Range<u64>> {
-        let st = lock(&self.state);
-        st.entries
-            .iter()
-            .filter(|e| !e.leaked && e.pages.start < pages.end && pages.start < e.pages.end)
-            .filter(|e| e.reg.strong_count() > 0)
-            .map(|e| e.pages.clone())
-            .min_by_key(|p| p.start)
-    }
-}
-
-use wirespeed_cuda::locks::lock;
-
-/// A registration shared by every [`PinnedRange`] inside it. Fields drop in
-/// order: the registration first (waits for copies, unregisters, then drops
-/// its window: unlock, the budget's reservation, the window's `Arc` of the
-/// mapping), then the registry entry, so nobody registers these pages again
-/// before CUDA has forgotten them.
-struct Registered {
-    reg: HostRegistration<FileWindow>,
-    entry: EntryGuard,
-    pages: Range<u64>,
-    portable: bool,
-}
-
-/// Removes a registry entry when dropped (and wakes those waiting for it),
-/// unless its window was leaked: the entry then stays, marked, so that later
-/// registrations of these pages fail clearly instead of with CUDA's 712.
-struct EntryGuard {
-    /// Keeps the mapping (and its registry) alive until the entry is gone.
-    file: Arc<MappedFile>,
-    id: u64,
-    /// The window's [`FileWindow::gone_flag`].
-    window_gone: Arc<AtomicBool>,
-}
-
-impl Drop for EntryGuard {
-    fn drop(&mut self) {
-        let mut st = lock(&self.file.registry.state);
-        if self.window_gone.load(Ordering::Acquire) {
-            st.entries.retain(|e| e.id != self.id);
-        } else if let Some(e) = st.entries.iter_mut().find(|e| e.id == self.id) {
-            e.leaked = true;
-        }
-        drop(st);
-        self.file.registry.removed.notify_all();
-    }
-}
-
-impl Registered {
-    /// Unregisters (and unlocks) now, reporting CUDA's error. If unregistering
-    /// fails, dropping the registration tries again; if that fails too, the
-    /// window is leaked rather than unmapped under a DMA, and with it the
-    /// mapping and the budget's reservation for its pages (they stay pinned).
-    fn release(self) -> Result<()> {
-        let Registered { reg, entry, .. } = self;
-        let res = reg.into_inner().map(drop).map_err(Error::from);
-        drop(entry);
-        res
-    }
-}
+/// A registration of file pages, shared by every [`PinnedRange`] inside it.
+/// Dropping the registration waits for copies, unregisters, then drops its
+/// window: unlock, the budget's reservation, the window's `Arc` of the mapping.
+type Registration = HostRegistration<FileWindow>;
 
 /// A byte range of a [`MappedFile`] registered with CUDA in place (no copy of
 /// the file), usable as the source of asynchronous copies at the line rate.
@@ -146,31 +60,37 @@ impl Registered {
 /// `munlock`) happen when the last range sharing the registration is dropped or
 /// [released](PinnedRange::release); `Drop` first waits for copies reading it.
 ///
-/// ```no_run
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+/// # let path = std::env::temp_dir().join(format!("wirespeed-doc-pinned-range-{}", std::process::id()));
+/// # std::fs::write(&path, vec![7u8; 2 << 20])?;
 /// use wirespeed_pinned::{MappedFile, PinBudget, PinOptions, PinnedRange};
 /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
-/// # fn main() -> wirespeed_pinned::Result<()> {
-/// let file = unsafe { MappedFile::open("/data/train.bin") }?;
-/// let budget = PinBudget::new(4 << 30);
+/// // SAFETY: nobody writes or truncates the file while it is mapped.
+/// let file = unsafe { MappedFile::open(&path) }?;
+/// let budget = PinBudget::new(4 << 20);
 /// let range = PinnedRange::new(&file, 1000..(1 << 20) + 1000, PinOptions::default(), &budget)?;
 /// let dev = Device::get(0)?;
 /// let mut dst = DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
 /// Stream::new(&dev)?.copy_to_device(&range.source(), &mut dst)?.wait()?;
+/// assert_eq!(dst.to_vec()?, range.as_bytes());
 /// range.release()?; // or just drop it
-/// # Ok(()) }
+/// assert_eq!(budget.used(), 0);
+/// # std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 pub struct PinnedRange {
-    shared: Arc<Registered>,
+    lease: Lease<Registration>,
     range: Range<u64>,
 }
 
 impl std::fmt::Debug for PinnedRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PinnedRange")
-            .field("file", &self.shared.entry.file.path())
+            .field("file", &self.file().path())
             .field("range", &self.range)
-            .field("pages", &self.shared.pages)
-            .field("portable", &self.shared.portable)
+            .field("pages", self.lease.pages())
+            .field("portable", &self.is_portable())
             .finish()
     }
 }
@@ -193,13 +113,17 @@ impl PinnedRange {
     /// from the line rate). A range inside a live registration shares it
     /// whatever device that was made for.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-new-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..file.len(), PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert_eq!(r.len(), file.len());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -254,20 +178,24 @@ impl PinnedRange {
     /// mapping shares it, whichever context made it (the one that made it
     /// unregisters it, in its own context, once the last sharer is gone).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-new-in-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 20])?;
     /// # use wirespeed_pinned::*;
     /// use std::sync::Arc;
     /// use wirespeed_cuda::{Device, RegistrationContext};
-    /// # fn main() -> Result<()> {
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open(&path) }?;
     /// let dev = Device::get(0)?;
-    /// let budget = PinBudget::new(4 << 30);
+    /// let budget = PinBudget::new(4 << 20);
     /// let r = match RegistrationContext::new(&dev) {
-    ///     Ok(ctx) => PinnedRange::new_in(&Arc::new(ctx), &file, 0..1 << 30, PinOptions::default(), &budget)?,
-    ///     Err(_) => PinnedRange::new(&file, 0..1 << 30, PinOptions::default(), &budget)?, // the fallback
+    ///     Ok(ctx) => PinnedRange::new_in(&Arc::new(ctx), &file, 0..file.len(), PinOptions::default(), &budget)?,
+    ///     Err(_) => PinnedRange::new(&file, 0..file.len(), PinOptions::default(), &budget)?, // the fallback
     /// };
     /// assert!(r.is_portable() || r.context().is_none());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -304,140 +232,51 @@ impl PinnedRange {
         // In a registration context the range is always portable (copies run
         // in the primary context); a live registration it shares need only be
         // as portable as the caller asked.
-        let want_portable = opts.portable;
-        let opts = PinOptions { portable: opts.portable || ctx.is_some(), ..opts };
-        let len = file.len();
-        if range.start >= range.end {
-            return Err(Error::BadRange { range, len, reason: "the range is empty: there is nothing to pin" });
-        }
-        if range.end > len {
-            return Err(Error::BadRange { range, len, reason: "the range runs past the end of the file" });
-        }
-        // A file truncated since it was mapped: copies from its lost pages would
-        // fault (SIGBUS), and CUDA cannot pin them.
-        file.check_has(range.end)?;
-        let page = page_size();
-        let pages = align_down(range.start, page)..align_up(range.end, page).min(file.map_len());
-
-        // Registrations found alive during the lookup: declared before the guard
-        // so that they drop after it (dropping the last one locks the registry).
-        let mut alive: Vec<Arc<Registered>> = Vec::new();
-        let mut st = lock(&file.registry.state);
-        loop {
-            let mut dying = false;
-            let mut found = None;
-            for e in st.entries.iter().filter(|e| e.pages.start < pages.end && pages.start < e.pages.end) {
-                if e.leaked {
-                    return Err(Error::Overlap {
-                        requested: range,
-                        existing: e.pages.clone(),
-                        reason: "unregistering those pages failed earlier (a CUDA error), so they stay registered",
-                    });
-                }
-                let Some(reg) = e.reg.upgrade() else {
-                    dying = true; // being released right now: wait for it to go
-                    continue;
-                };
-                alive.push(Arc::clone(&reg));
-                if e.pages.start <= pages.start && pages.end <= e.pages.end {
-                    // Copies run in the primary context, which sees a
-                    // registration made there or a portable one made in any
-                    // context: a live one is shared whatever context this
-                    // range asks for (its owner unregisters it in its own).
-                    if want_portable && !e.portable {
-                        return Err(Error::Overlap {
-                            requested: range,
-                            existing: e.pages.clone(),
-                            reason: "it is registered without the Portable flag, which this range asks for",
-                        });
-                    }
-                    if opts.mlock && !e.mlock {
-                        return Err(Error::Overlap {
-                            requested: range,
-                            existing: e.pages.clone(),
-                            reason: "it is registered without mlock, which this range asks for",
-                        });
-                    }
-                    found = Some(reg);
-                } else {
-                    return Err(Error::Overlap {
-                        requested: range,
-                        existing: e.pages.clone(),
-                        reason: "the range is not inside that registration",
-                    });
-                }
-            }
-            if let Some(shared) = found {
-                drop(st);
-                return Ok((PinnedRange { shared, range }, false));
-            }
-            if !dying {
-                break;
-            }
-            st = file.registry.removed.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-
-        let reservation = budget.reserve(pages.end - pages.start)?;
-        let mut window = file.window(pages.clone())?;
-        window.hold(reservation);
-        let window_gone = window.gone_flag();
-        if opts.mlock {
-            window.mlock()?;
-        }
-        let flags = RegisterFlags { portable: opts.portable, mapped: false, read_only: true };
-        let reg = match ctx {
-            Some(ctx) => HostRegistration::try_new_in(ctx, window, flags),
-            None => HostRegistration::try_new(window, flags),
-        }
-        .map_err(|(e, window)| {
-            drop(window); // munlock before reporting
-            Error::Cuda(e)
-        })?;
-        let id = st.next_id;
-        st.next_id += 1;
-        let shared = Arc::new(Registered {
-            reg,
-            entry: EntryGuard { file: Arc::clone(file), id, window_gone },
-            pages: pages.clone(),
-            portable: opts.portable,
-        });
-        st.entries.push(Entry {
-            id,
-            pages,
-            portable: opts.portable,
-            mlock: opts.mlock,
-            reg: Arc::downgrade(&shared),
-            leaked: false,
-        });
-        drop(st);
-        Ok((PinnedRange { shared, range }, true))
+        let want = Terms { portable: opts.portable, mlock: opts.mlock };
+        let terms = Terms { portable: opts.portable || ctx.is_some(), ..want };
+        let pages = pages_of(file, &range)?;
+        let vacancy = match file.registry.claim(&range, pages.clone(), want)? {
+            Claim::Shared(lease) => return Ok((PinnedRange { lease, range }, false)),
+            Claim::Vacant(vacancy) => vacancy,
+        };
+        let (reg, window_gone) = register(ctx, file, pages, terms, budget)?;
+        Ok((PinnedRange { lease: vacancy.insert(reg, terms, window_gone), range }, true))
     }
 
     /// Exactly the bytes asked for, as a source of asynchronous copies.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-source-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 10..20, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.source().len(), 10);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn source(&self) -> PinnedSlice<'_, u8> {
-        let base = self.shared.pages.start;
+        let base = self.lease.pages().start;
         let (a, b) = ((self.range.start - base) as usize, (self.range.end - base) as usize);
-        self.shared.reg.slice_clamped(a..b)
+        self.lease.value().slice_clamped(a..b)
     }
 
     /// Bytes `r` of the range (relative to its start) as a copy source.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-slice-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..4096, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.slice(100..200)?.len(), 100);
-    /// # Ok(()) }
+    /// assert!(r.slice(4000..5000).is_err()); // past the range
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -449,33 +288,41 @@ impl PinnedRange {
                 format!("{r:?} is outside a range of {} bytes", self.len()),
             ));
         }
-        let base = (self.range.start - self.shared.pages.start) as usize;
-        Ok(self.shared.reg.slice_clamped(base + r.start..base + r.end))
+        let base = (self.range.start - self.lease.pages().start) as usize;
+        Ok(self.lease.value().slice_clamped(base + r.start..base + r.end))
     }
 
     /// The bytes, read through the mapping.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-as-bytes-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..16, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.as_bytes(), &file.as_bytes()[..16]);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn as_bytes(&self) -> &[u8] {
-        &self.shared.entry.file.as_bytes()[self.range.start as usize..self.range.end as usize]
+        &self.file().as_bytes()[self.range.start as usize..self.range.end as usize]
     }
 
     /// The file bytes asked for.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.range(), 5..9);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn range(&self) -> Range<u64> {
         self.range.clone()
@@ -483,12 +330,16 @@ impl PinnedRange {
 
     /// The number of bytes asked for (never 0).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-len-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// assert_eq!(PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?.len(), 4);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     #[allow(clippy::len_without_is_empty)] // never empty: empty ranges are refused
     pub fn len(&self) -> u64 {
@@ -498,101 +349,131 @@ impl PinnedRange {
     /// The registered pages (file offsets, rounded out), possibly those of a
     /// larger registration this range shares.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-pinned-pages-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 5..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert_eq!(r.pinned_pages().start, 0);
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn pinned_pages(&self) -> Range<u64> {
-        self.shared.pages.clone()
+        self.lease.pages().clone()
     }
 
     /// True when the pages are also `mlock`-ed.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-is-mlocked-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { mlock: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert!(r.is_mlocked());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn is_mlocked(&self) -> bool {
-        self.shared.reg.memory().is_locked()
+        self.lease.value().memory().is_locked()
     }
 
     /// True when registered for every device.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-is-portable-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
     /// assert!(r.is_portable());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn is_portable(&self) -> bool {
-        self.shared.portable
+        self.lease.terms().portable
     }
 
     /// The registration context it is registered in, or `None` for the primary
     /// context ([`PinnedRange::new`]).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-context-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert!(r.context().is_none());
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn context(&self) -> Option<&Arc<RegistrationContext>> {
-        self.shared.reg.context()
+        self.lease.value().context()
     }
 
     /// How many ranges share this registration (1 when alone).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-sharers-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let b = PinBudget::unlimited();
     /// let all = PinnedRange::new(&file, 0..8192, PinOptions::default(), &b)?;
     /// let part = PinnedRange::new(&file, 100..200, PinOptions::default(), &b)?; // shares `all`
     /// assert_eq!(part.sharers(), 2);
-    /// # Ok(()) }
+    /// drop(all);
+    /// assert_eq!(part.sharers(), 1);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn sharers(&self) -> usize {
-        Arc::strong_count(&self.shared)
+        self.lease.sharers()
     }
 
     /// The mapped file.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-range-file-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// let r = PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
     /// assert!(std::sync::Arc::ptr_eq(r.file(), &file));
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn file(&self) -> &Arc<MappedFile> {
-        &self.shared.entry.file
+        self.lease.value().memory().file()
     }
 
     /// Ends this range now: when it is the last sharer, waits for copies still
     /// reading it, unregisters, unlocks and returns the budget, reporting
     /// `cudaHostUnregister`'s error (dropping does the same, silently).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-release-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
-    /// # let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
     /// PinnedRange::new(&file, 0..9, PinOptions::default(), &PinBudget::unlimited())?.release()?;
-    /// # Ok(()) }
+    /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -600,9 +481,61 @@ impl PinnedRange {
     /// retried once more; if that fails too, it is leaked (with the mapping)
     /// rather than unmapped under a copy.
     pub fn release(self) -> Result<()> {
-        match Arc::try_unwrap(self.shared) {
-            Ok(reg) => reg.release(),
-            Err(_shared) => Ok(()), // others still use it: they release it
-        }
+        // When others still share it, they release it.
+        self.lease.end_with(|reg| reg.into_inner().map(drop).map_err(Error::from)).unwrap_or(Ok(()))
     }
+}
+
+/// The pages of `file` to register for bytes `range`, rounded out.
+///
+/// # Errors
+/// [`Error::BadRange`] for an empty range or one past the end of the file,
+/// [`Error::FileChanged`] when the file was truncated since it was mapped.
+fn pages_of(file: &MappedFile, range: &Range<u64>) -> Result<Range<u64>> {
+    let bad = |reason| Err(Error::BadRange { range: range.clone(), len: file.len(), reason });
+    if range.start >= range.end {
+        return bad("the range is empty: there is nothing to pin");
+    }
+    if range.end > file.len() {
+        return bad("the range runs past the end of the file");
+    }
+    // A file truncated since it was mapped: copies from its lost pages would
+    // fault (SIGBUS), and CUDA cannot pin them.
+    file.check_has(range.end)?;
+    let page = page_size();
+    Ok(align_down(range.start, page)..align_up(range.end, page).min(file.map_len()))
+}
+
+/// Registers `pages` of `file` read-only on `terms`, in `ctx` when given (else
+/// in the calling thread's current context), drawing them from `budget`.
+/// Returns the registration and its window's
+/// [`gone_flag`](FileWindow::gone_flag).
+///
+/// # Errors
+/// [`Error::BudgetExceeded`], [`Error::MemlockLimit`], CUDA's error
+/// registering. Nothing stays pinned, locked or drawn on error.
+fn register(
+    ctx: Option<&Arc<RegistrationContext>>,
+    file: &Arc<MappedFile>,
+    pages: Range<u64>,
+    terms: Terms,
+    budget: &PinBudget,
+) -> Result<(Registration, Arc<AtomicBool>)> {
+    let reservation = budget.reserve(pages.end - pages.start)?;
+    let mut window = file.window(pages)?;
+    window.hold(reservation);
+    let window_gone = window.gone_flag();
+    if terms.mlock {
+        window.mlock()?;
+    }
+    let flags = RegisterFlags { portable: terms.portable, mapped: false, read_only: true };
+    let reg = match ctx {
+        Some(ctx) => HostRegistration::try_new_in(ctx, window, flags),
+        None => HostRegistration::try_new(window, flags),
+    }
+    .map_err(|(e, window)| {
+        drop(window); // munlock before reporting
+        Error::Cuda(e)
+    })?;
+    Ok((reg, window_gone))
 }

@@ -88,13 +88,13 @@ const WINDOWS_IN_FLIGHT: usize = 4;
 /// enough for one being filled while the others copy.
 pub(crate) const HYBRID_SLOTS_PER_THREAD: usize = 4;
 /// The ring slot `Auto` aims for: small enough to stay in the last-level cache
-/// between the fill and the DMA, large enough that a copy runs at 0.96 of
-/// the line rate (1 MiB copies reach 0.87, 4 MiB 0.96, on an H200).
+/// between the fill and the DMA, large enough that a copy runs near the line
+/// rate (smaller copies fall short of it).
 const AUTO_SLOT: u64 = 4 << 20;
 /// The most filler or reader threads a strategy may ask for.
 pub(crate) const MAX_THREADS: usize = 1024;
-/// The most windows in flight or ring slots a strategy may ask for (the agents
-/// keep state per window and per slot).
+/// The most windows in flight or ring slots a strategy may ask for (the streamer
+/// keeps state per window and per slot).
 pub(crate) const MAX_COUNT: usize = 1 << 16;
 /// The largest window or slot (1 TiB): beyond it sizes overflow page rounding
 /// and offsets long before any budget could grant them.
@@ -236,9 +236,7 @@ impl Strategy {
 const MIB: u64 = 1 << 20;
 
 /// The largest window `Auto` gives the hybrid: larger ones leave the copy
-/// engine waiting while they register. Measured on an H200 host (40 GiB file,
-/// 4 GiB budget, 5 ring threads): windows of 1003 MiB reached 0.75 of the
-/// line rate, 512 MiB 0.85, 128 MiB 0.97 (at 0.095 CPU s/GB).
+/// engine waiting while they register.
 const HYBRID_WINDOW_MAX: u64 = 128 * MIB;
 
 /// What `Auto` picks for a range of `len` bytes with `avail` pinned bytes
@@ -248,27 +246,20 @@ const HYBRID_WINDOW_MAX: u64 = 128 * MIB;
 /// * the range fits: whole-file (registered once, reused across passes);
 /// * else, cold: `O_DIRECT` reads into a ring, up to 8 reads in flight;
 /// * else, room for four windows of at least 32 MiB beside the ring: the
-///   hybrid. Registered windows cost about 0.035 CPU s/GB and run at about
-///   25 GB/s on their one thread; ring threads about 0.12 CPU s/GB at about
-///   9 GB/s each. About half the bytes through each is what stays near the
-///   line rate within about 0.10 CPU s/GB: 4 ring threads (fewer on small
-///   machines) with 4 slots of 4 MiB each, and the rest of the budget to four
-///   windows (at most 128 MiB each: see `HYBRID_WINDOW_MAX`). Measured on an
-///   H200 host (16 CPUs), medians of 9 passes: 4 GiB file, 512 MiB budget,
-///   4 threads 0.89-0.92 of the line rate at 0.097-0.100 CPU s/GB, 5 threads
-///   0.91-0.92 at 0.100-0.110; 40 GiB file, 4 GiB budget, 4 threads 0.90-0.92
-///   at 0.093, 5 threads 0.91-0.94 at 0.096-0.112. On starts of the same
-///   kind of machine where registering was slower (windows alone at
-///   0.41-0.47 of the line rate), 4 threads reached 0.75-0.83 at
-///   0.097-0.115, 5 threads 0.90-0.91 at 0.106-0.115: there the window
-///   thread registers for the whole pass ([`Report::breakdown`]), and more
-///   ring threads carry more bytes past it at the ring's CPU cost per byte
+///   hybrid. Registered windows cost little CPU per byte but run on one
+///   thread; ring threads cost more CPU per byte each and add up. Splitting
+///   the bytes about evenly between them stays near the line rate at a low
+///   CPU cost: 4 ring threads (fewer on small machines) with 4 slots of 4 MiB
+///   each, and the rest of the budget to four windows (at most
+///   `HYBRID_WINDOW_MAX` each). Where registering is slow, the window thread
+///   registers for the whole pass ([`Report::breakdown`]) and more ring
+///   threads carry more bytes past it, at the ring's CPU cost per byte
 ///   (registering cannot be spread over threads: the driver serializes it
-///   device-wide, see `streamer/windows.rs`). So a fifth ring thread waits
-///   in reserve and joins during the pass once the copy engine shows room
+///   device-wide, see `streamer/windows.rs`). So a fifth ring thread waits in
+///   reserve and joins during the pass once the copy engine shows room
 ///   (`StreamConfig::reserve_threads`, `streamer/reserve.rs`): where the
-///   engine is already the bound it stays asleep, and the fast starts keep
-///   their CPU cost;
+///   engine is already the bound it stays asleep, and where registering is
+///   fast the pass keeps its CPU cost;
 /// * else, room for four windows of at least 16 MiB: windows;
 /// * else the ring with what fits (slots of 64 KiB at least), or `None`.
 ///
@@ -298,8 +289,8 @@ pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Stra
             return Some(Strategy::Hybrid { window: window as usize, slot: slot as usize, threads });
         }
     }
-    // Small windows register slowly (2.5 MiB: about 1 ms each): below 16 MiB
-    // the ring is faster.
+    // Small windows cost more registering time per byte: below 16 MiB the
+    // ring is faster.
     let window = (avail / WINDOWS_IN_FLIGHT as u64 / page * page).min(1 << 30);
     if window >= 16 * MIB {
         return Some(Strategy::Windows { window: window as usize, in_flight: WINDOWS_IN_FLIGHT });
