@@ -34,10 +34,12 @@ mod driver_loader;
 #[cfg(feature = "emulator")]
 #[cfg_attr(docsrs, doc(cfg(feature = "emulator")))]
 pub mod emulator;
+mod libraries;
 mod loader;
 
-pub use driver_loader::{DRIVER_LIBRARY, Driver, driver};
-pub use loader::{LoadError, RUNTIME_PATH_ENV, Runtime, SEARCH_ORDER, runtime, set_runtime_path};
+pub use driver_loader::{Driver, driver};
+pub use libraries::{DRIVER_LIBRARY, RUNTIME_PATH_ENV, SEARCH_ORDER};
+pub use loader::{LoadError, Runtime, runtime, set_runtime_path};
 
 /// Types and constants of the CUDA 13 runtime headers (generated).
 #[allow(missing_docs, clippy::all, clippy::undocumented_unsafe_blocks)]
