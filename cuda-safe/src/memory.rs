@@ -8,8 +8,9 @@
 use crate::context::RegistrationContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::fence::{Fence, Hold, span_of};
 use crate::raw;
-use crate::stream::{Fence, Hold, Pending, Stream, span_of};
+use crate::stream::{Pending, Stream};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, Range, RangeBounds};

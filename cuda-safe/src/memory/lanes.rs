@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::{DetachedSliceMut, DeviceSliceMut, Pod};
 use crate::error::{Error, Result};
-use crate::stream::{Fence, Hold, span_of};
+use crate::fence::{Fence, Hold, span_of};
 
 /// A [`DetachedSliceMut`] split into *lanes*: writers that may each write any
 /// part of the span, from their own thread and stream, without being ordered
