@@ -517,7 +517,17 @@ fn call_sites_match_raw_rs() {
         ("lib.rs", include_str!("../../cuda-safe/src/lib.rs")),
         ("device.rs", include_str!("../../cuda-safe/src/device.rs")),
         ("error.rs", include_str!("../../cuda-safe/src/error.rs")),
-        ("memory.rs", include_str!("../../cuda-safe/src/memory.rs")),
+        ("memory/mod.rs", include_str!("../../cuda-safe/src/memory/mod.rs")),
+        ("memory/accessors.rs", include_str!("../../cuda-safe/src/memory/accessors.rs")),
+        ("memory/checks.rs", include_str!("../../cuda-safe/src/memory/checks.rs")),
+        ("memory/copies.rs", include_str!("../../cuda-safe/src/memory/copies.rs")),
+        ("memory/detached.rs", include_str!("../../cuda-safe/src/memory/detached.rs")),
+        ("memory/device.rs", include_str!("../../cuda-safe/src/memory/device.rs")),
+        ("memory/lanes.rs", include_str!("../../cuda-safe/src/memory/lanes.rs")),
+        ("memory/pinned.rs", include_str!("../../cuda-safe/src/memory/pinned.rs")),
+        ("memory/registered.rs", include_str!("../../cuda-safe/src/memory/registered.rs")),
+        ("memory/traits.rs", include_str!("../../cuda-safe/src/memory/traits.rs")),
+        ("fence.rs", include_str!("../../cuda-safe/src/fence.rs")),
         ("stream.rs", include_str!("../../cuda-safe/src/stream.rs")),
     ] {
         assert!(!text.contains("check(\"") && !text.contains(".api()"), "{file} calls CUDA outside raw.rs");
