@@ -109,7 +109,7 @@ pub use fence::Fence;
 pub use memory::{
     DetachedSliceMut, DeviceBuffer, DeviceSink, DeviceSlice, DeviceSliceMut, DeviceSource, HostMemory,
     HostRegistration, HostSink, HostSource, Lane, Lanes, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod,
-    RegisterFlags, host_device_pointer, host_flags, pointer_kind,
+    PointerKind, RegisterFlags, host_device_pointer, host_flags, pointer_kind,
 };
 pub use stream::{Event, EventOptions, Pending, Stream, StreamOptions};
 

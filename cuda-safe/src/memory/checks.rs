@@ -8,6 +8,7 @@ use crate::raw;
 use crate::stream::Stream;
 use std::ffi::c_void;
 use std::ops::{Bound, Range, RangeBounds};
+use wirespeed_cuda_sys::cudaMemoryType;
 
 /// The bytes of `len` values of `T`, or an error naming `call` on overflow.
 pub(super) fn bytes_of<T>(len: usize, call: &'static str) -> Result<usize> {
@@ -68,8 +69,8 @@ pub(super) mod pages {
     /// goes (a reset after a lost context, say), and its memory may then be
     /// reused.
     fn still_registered(p: usize) -> bool {
-        match crate::raw::pointer_attributes(p as *const std::ffi::c_void) {
-            Ok((ty, _)) => ty == wirespeed_cuda_sys::cudaMemoryType::cudaMemoryTypeHost.0,
+        match super::pointer_kind(p as *const std::ffi::c_void) {
+            Ok(kind) => kind.is_pinned_host(),
             Err(_) => {
                 crate::raw::clear_last_error();
                 false
@@ -144,24 +145,80 @@ fn device_mismatch(call: &'static str, stream: Device, d: Device) -> Error {
     Error::invalid(call, format!("buffer is on device {} but the stream on device {}", d.ordinal(), stream.ordinal()))
 }
 
-/// What the runtime knows of a host or device address: `(memory type, device)`,
-/// memory type 0 unregistered, 1 host (pinned or registered), 2 device, 3 managed.
+/// What the runtime knows of an address ([`pointer_kind`]): which memory it
+/// is, and which device it belongs to.
+///
+/// ```
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, pointer_kind, sys::cudaMemoryType};
+/// let dev = Device::get(0)?;
+/// let on_gpu = DeviceBuffer::<u8>::new(&dev, 64)?;
+/// let kind = pointer_kind(on_gpu.as_raw_ptr().cast())?;
+/// assert_eq!(kind.memory, cudaMemoryType::cudaMemoryTypeDevice);
+/// assert_eq!(kind.device_memory(), Some(dev.ordinal()));
+/// let pinned = PinnedBuffer::<u8>::new(64)?;
+/// assert!(pointer_kind(pinned.as_ptr().cast())?.is_pinned_host());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PointerKind {
+    /// Which memory it is: `cudaMemoryTypeUnregistered` (pageable host
+    /// memory, or an address the runtime does not know), `cudaMemoryTypeHost`
+    /// (pinned or registered host memory), `cudaMemoryTypeDevice` or
+    /// `cudaMemoryTypeManaged`. A newer runtime may answer another value.
+    pub memory: cudaMemoryType,
+    /// The ordinal of the device it belongs to: where device memory lives;
+    /// for host and managed memory, the device that was current when it was
+    /// allocated or registered. `None` where the runtime names no device
+    /// (unregistered memory).
+    pub device: Option<usize>,
+}
+
+impl PointerKind {
+    /// True for memory of a device: device or managed memory.
+    pub fn is_device(&self) -> bool {
+        self.memory == cudaMemoryType::cudaMemoryTypeDevice || self.memory == cudaMemoryType::cudaMemoryTypeManaged
+    }
+
+    /// True for pinned or registered host memory: what asynchronous copies
+    /// accept as host memory.
+    pub fn is_pinned_host(&self) -> bool {
+        self.memory == cudaMemoryType::cudaMemoryTypeHost
+    }
+
+    /// The device whose device (or managed) memory this is: its ordinal, or
+    /// `None` for other memory.
+    pub fn device_memory(&self) -> Option<usize> {
+        self.device.filter(|_| self.is_device())
+    }
+}
+
+/// What the runtime knows of a host or device address (`cudaPointerGetAttributes`).
+///
+/// ```
+/// # fn main() -> wirespeed_cuda::Result<()> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+/// let pinned = wirespeed_cuda::PinnedBuffer::<u8>::new(64)?;
+/// assert!(wirespeed_cuda::pointer_kind(pinned.as_ptr().cast())?.is_pinned_host());
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 /// The runtime's error.
-pub fn pointer_kind(p: *const c_void) -> Result<(u32, i32)> {
-    raw::pointer_attributes(p)
+pub fn pointer_kind(p: *const c_void) -> Result<PointerKind> {
+    let (memory, device) = raw::pointer_attributes(p)?;
+    Ok(PointerKind { memory, device: usize::try_from(device).ok() })
 }
 
 /// Checks that the `len > 0` values at `ptr` start in device (or managed)
 /// memory of `device`; only the first address is looked up.
 pub(super) fn device_memory_of<T>(call: &'static str, ptr: *const T, device: Device) -> Result<()> {
-    let (kind, dev) = raw::pointer_attributes(ptr.cast())?;
-    // 2: device memory, 3: managed memory (cudaMemoryType).
-    if !matches!(kind, 2 | 3) || dev != device.ordinal() as i32 {
+    let kind = pointer_kind(ptr.cast())?;
+    if kind.device_memory() != Some(device.ordinal()) {
         return Err(Error::invalid(
             call,
-            format!("{ptr:p} is not device memory of device {} (memory type {kind}, device {dev})", device.ordinal()),
+            format!("{ptr:p} is not device memory of device {} (the runtime has it as {kind:?})", device.ordinal()),
         ));
     }
     Ok(())

@@ -25,7 +25,7 @@ mod pinned;
 mod registered;
 mod traits;
 
-pub use checks::{host_device_pointer, host_flags, pointer_kind};
+pub use checks::{PointerKind, host_device_pointer, host_flags, pointer_kind};
 pub use detached::DetachedSliceMut;
 pub use device::{DeviceBuffer, DeviceSlice, DeviceSliceMut};
 pub use lanes::{Lane, Lanes};
