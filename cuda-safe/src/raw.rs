@@ -421,9 +421,10 @@ pub(crate) unsafe fn mem_host_register(p: *mut c_void, bytes: usize, flags: u32)
     check_driver("cuMemHostRegister", unsafe { (d.cuMemHostRegister_v2)(p, bytes, flags as c_uint) })
 }
 
-/// Unregisters in the calling thread's current context. Unlike
+/// Unregisters in the calling thread's current context. In a second context
+/// (a [`RegistrationContext`](crate::RegistrationContext)'s), unlike
 /// `cudaHostUnregister` in the primary context, the driver does not wait for
-/// copies here (measured on an H200 in a second context).
+/// copies.
 ///
 /// # Safety
 /// `p` starts a registration of the current context that no queued or running

@@ -69,9 +69,9 @@ impl<T: Pod> DeviceBuffer<T> {
         if len > 0 {
             // SAFETY: the whole fresh allocation, on the current device, unused by any stream.
             unsafe { raw::memset(b.ptr.cast(), 0, len * size_of::<T>()) }?;
-            // cudaMemset returns before the device has finished (5 µs for 1 GiB
-            // on the H200), on the legacy stream, which non-blocking streams do
-            // not wait for: wait, or a later copy on any stream could be overwritten.
+            // cudaMemset returns before the device has finished, on the
+            // legacy stream, which non-blocking streams do not wait for: wait,
+            // or a later copy on any stream could be overwritten.
             // SAFETY: null is the legacy stream of the current device.
             unsafe { raw::stream_synchronize(std::ptr::null_mut()) }?;
         }

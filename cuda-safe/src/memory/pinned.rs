@@ -41,7 +41,7 @@ impl PinnedFlags {
 /// Page-locked host memory (`cudaHostAlloc`), zero-initialized: the only host
 /// memory besides registered memory that asynchronous copies accept.
 ///
-/// Allocating it is slow (about 0.34 s per GiB on an H200) and synchronizes the
+/// Allocating it takes time in proportion to its size and synchronizes the
 /// device: allocate once and reuse it.
 ///
 /// ```

@@ -75,7 +75,7 @@ impl RegisterFlags {
 }
 
 /// Host memory `M` registered with CUDA (`cudaHostRegister`) for as long as
-/// this value owns it: copies from it run at the line rate, asynchronously.
+/// this value owns it: copies from it are asynchronous, as from pinned memory.
 ///
 /// It *owns* the memory (ownership passing): leaking the registration leaks
 /// the memory too, so a copy can never outlive what it reads. `Drop` waits for
