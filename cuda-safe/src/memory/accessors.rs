@@ -55,7 +55,7 @@ macro_rules! view_accessors {
             #[doc = concat!("assert_eq!(", $before, "..", $after, ".device(), dev);")]
             /// # Ok(()) }
             /// ```
-            pub fn device(&self) -> $crate::Device {
+            pub fn device(&self) -> $crate::device::Device {
                 self.$device
             }
         )?

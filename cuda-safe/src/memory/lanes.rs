@@ -5,6 +5,7 @@ use super::accessors::view_accessors;
 use super::detached::DetachedSliceMut;
 use super::device::DeviceSliceMut;
 use super::traits::Pod;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::fence::{Fence, Hold, span_of};
 use crate::locks::lock;
@@ -185,7 +186,7 @@ pub struct Lane<'a, T: Pod> {
     fence: MutexGuard<'a, Fence>,
     ptr: *mut T,
     len: usize,
-    device: crate::Device,
+    device: Device,
 }
 
 impl<T: Pod> std::fmt::Debug for Lane<'_, T> {
