@@ -130,7 +130,8 @@ impl Error {
     /// ```
     /// use wirespeed_cuda::{Error, sys::cudaError};
     /// let code = cudaError::cudaErrorIllegalAddress.0;
-    /// let e = Error::Cuda { call: "cudaMemcpyAsync", code, name: "cudaErrorIllegalAddress".into(), message: String::new() };
+    /// let name = "cudaErrorIllegalAddress".into();
+    /// let e = Error::Cuda { call: "cudaMemcpyAsync", code, name, message: String::new() };
     /// assert!(e.is_sticky());
     /// ```
     pub fn is_sticky(&self) -> bool {

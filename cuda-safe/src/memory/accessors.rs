@@ -6,13 +6,13 @@
 /// `device`) and `as_raw_ptr` (reading the field `ptr`; the literal says what
 /// work given through the address misses).
 ///
-/// Each method's example runs `setup` (hidden lines start with `# `), which
-/// makes `buf`, ten `u16` values (and `dev`, the device of device memory),
-/// then takes a view of a range of it as `view` says: the two literals go
-/// before and after the range.
+/// Each method's example runs `setup` (the lines of a `concat!`), which makes
+/// `buf`, ten `u16` values (and `dev`, the device of device memory), then
+/// takes a view of a range of it as `view` says: the two literals go before
+/// and after the range.
 macro_rules! view_accessors {
     (
-        setup: $setup:literal,
+        setup: $setup:tt,
         view: ($before:literal, $after:literal),
         len: $($len:ident).+
         $(, device: $device:ident)?
@@ -24,7 +24,7 @@ macro_rules! view_accessors {
         /// ```
         /// # fn main() -> wirespeed_cuda::Result<()> {
         /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-        #[doc = $setup]
+        #[doc = concat! $setup]
         #[doc = concat!("assert_eq!(", $before, "2..", $after, ".len(), 8);")]
         /// # Ok(()) }
         /// ```
@@ -37,7 +37,7 @@ macro_rules! view_accessors {
         /// ```
         /// # fn main() -> wirespeed_cuda::Result<()> {
         /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-        #[doc = $setup]
+        #[doc = concat! $setup]
         #[doc = concat!("assert!(", $before, "10..", $after, ".is_empty());")]
         /// # Ok(()) }
         /// ```
@@ -51,7 +51,7 @@ macro_rules! view_accessors {
             /// ```
             /// # fn main() -> wirespeed_cuda::Result<()> {
             /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-            #[doc = $setup]
+            #[doc = concat! $setup]
             #[doc = concat!("assert_eq!(", $before, "..", $after, ".device(), dev);")]
             /// # Ok(()) }
             /// ```
@@ -68,7 +68,7 @@ macro_rules! view_accessors {
             /// ```
             /// # fn main() -> wirespeed_cuda::Result<()> {
             /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-            #[doc = $setup]
+            #[doc = concat! $setup]
             /// let base = buf.as_raw_ptr();
             #[doc = concat!("assert_eq!(", $before, "4..", $after, ".as_raw_ptr(), base.wrapping_add(4));")]
             /// # Ok(()) }

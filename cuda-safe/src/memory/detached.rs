@@ -108,7 +108,10 @@ impl<T: Pod> std::fmt::Debug for DetachedSliceMut<T> {
 
 impl<T: Pod> DetachedSliceMut<T> {
     view_accessors! {
-        setup: "let dev = wirespeed_cuda::Device::get(0)?;\nlet mut buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        setup: (
+            "let dev = wirespeed_cuda::Device::get(0)?;\n",
+            "let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        ),
         view: ("buf.slice_mut(", ")?.detach()"),
         len: len,
         device: device,

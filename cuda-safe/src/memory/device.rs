@@ -243,7 +243,8 @@ pub struct DeviceSlice<'a, T: Pod> {
 
 /// A writable view of part of a [`DeviceBuffer`], of device memory allocated
 /// elsewhere ([`DeviceSliceMut::from_raw_parts`]), or of a
-/// [`DetachedSliceMut`](crate::DetachedSliceMut). `&mut DeviceBuffer` converts into a view of all of it.
+/// [`DetachedSliceMut`](crate::DetachedSliceMut). `&mut DeviceBuffer`
+/// converts into a view of all of it.
 pub struct DeviceSliceMut<'a, T: Pod> {
     pub(super) ptr: *mut T,
     pub(super) len: usize,
@@ -310,7 +311,10 @@ fn split_view<'a, T: Pod>(
 
 impl<'a, T: Pod> DeviceSlice<'a, T> {
     view_accessors! {
-        setup: "let dev = wirespeed_cuda::Device::get(0)?;\nlet buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        setup: (
+            "let dev = wirespeed_cuda::Device::get(0)?;\n",
+            "let buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        ),
         view: ("buf.slice(", ")?"),
         len: len,
         device: device,
@@ -402,12 +406,12 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     /// (another library's buffer: cudarc's `CudaSlice`, a framework's tensor,
     /// `cudaMallocAsync`), for as long as `'a`, which the caller chooses.
     ///
-    /// Operations through the view (and its parts, and a [`DetachedSliceMut`](crate::DetachedSliceMut)
+    /// Operations through the view (and its parts, and a [`DetachedSliceMut`]
     /// made from it) are ordered among themselves like any buffer's, but
     /// nothing here knows of the memory's other users: the contract below is
     /// how they stay apart. Ordering with work of the other library goes
     /// through streams: see `wirespeed_pinned`'s `Transfer::then_on` and
-    /// `StartOptions::after`, or [`Stream::wait_event`](crate::Stream::wait_event) and [`Stream::record`](crate::Stream::record).
+    /// `StartOptions::after`, or [`Stream::wait_event`] and [`Stream::record`].
     ///
     /// Checks what it can: `ptr` aligned for `T`, the byte length within
     /// `isize`, and (for `len > 0`) the runtime knowing `ptr` as device (or
@@ -432,7 +436,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     ///
     /// # Safety
     /// From this call until every operation given the view (or a part of it,
-    /// or a [`DetachedSliceMut`](crate::DetachedSliceMut) made from it) is *observed complete*:
+    /// or a [`DetachedSliceMut`] made from it) is *observed complete*:
     ///
     /// * `ptr .. ptr + len` is device memory of `device`, allocated and not
     ///   freed (nor given back to a pool), in the context the runtime uses for
@@ -445,7 +449,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     ///   after that work).
     ///
     /// An operation is *observed complete* once a wait on it returned (its
-    /// [`Pending::wait`](crate::Pending::wait), a [`Stream::synchronize`](crate::Stream::synchronize) of its stream, or, for a
+    /// [`Pending::wait`], a [`Stream::synchronize`] of its stream, or, for a
     /// `wirespeed_pinned` transfer, `Transfer::wait` or `Transfer::is_done`
     /// returning done), and, for work on a stream, once that work was enqueued
     /// after an event or wait that follows the operation (for a transfer,
@@ -458,6 +462,12 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     /// bytes overflow `isize`, or memory that the runtime does not know as
     /// device memory of `device`; the runtime's error from
     /// `cudaPointerGetAttributes`.
+    ///
+    /// [`DetachedSliceMut`]: crate::DetachedSliceMut
+    /// [`Pending::wait`]: crate::Pending::wait
+    /// [`Stream::wait_event`]: crate::Stream::wait_event
+    /// [`Stream::record`]: crate::Stream::record
+    /// [`Stream::synchronize`]: crate::Stream::synchronize
     pub unsafe fn from_raw_parts(ptr: *mut T, len: usize, device: Device) -> Result<DeviceSliceMut<'a, T>> {
         const CALL: &str = "DeviceSliceMut::from_raw_parts";
         let bytes = bytes_of::<T>(len, CALL)?;
@@ -495,7 +505,10 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     }
 
     view_accessors! {
-        setup: "let dev = wirespeed_cuda::Device::get(0)?;\nlet mut buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        setup: (
+            "let dev = wirespeed_cuda::Device::get(0)?;\n",
+            "let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        ),
         view: ("buf.slice_mut(", ")?"),
         len: len,
         device: device,

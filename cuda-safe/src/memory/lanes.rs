@@ -106,7 +106,10 @@ impl<T: Pod> Lanes<T> {
     }
 
     view_accessors! {
-        setup: "let dev = wirespeed_cuda::Device::get(0)?;\nlet mut buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        setup: (
+            "let dev = wirespeed_cuda::Device::get(0)?;\n",
+            "let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        ),
         view: ("buf.slice_mut(", ")?.detach().into_lanes(2)"),
         len: slice.len,
     }

@@ -242,7 +242,7 @@ impl<'a, T: Pod> PinnedSlice<'a, T> {
     }
 
     view_accessors! {
-        setup: "let buf = wirespeed_cuda::PinnedBuffer::<u16>::new(10)?;",
+        setup: ("let buf = wirespeed_cuda::PinnedBuffer::<u16>::new(10)?;"),
         view: ("buf.slice(", ")?"),
         len: len,
     }

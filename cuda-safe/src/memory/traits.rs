@@ -22,7 +22,8 @@ pod!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
 // SAFETY: an array of Pod has no padding between elements and every bit pattern is valid.
 unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
 
-/// Sealing of the source and sink traits: the implementations here are all.
+/// Seals the source and sink traits: only this crate's types implement them,
+/// and only this crate calls their methods.
 pub(super) mod sealed {
     /// The supertrait that keeps other crates from implementing the traits.
     pub trait Sealed {}
