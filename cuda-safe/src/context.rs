@@ -1,20 +1,20 @@
 //! A second driver context on a device, to register host memory in.
 //!
-//! Measured on an H200 (driver 580, CUDA 13.0): in the device's primary
-//! context, `cudaHostUnregister` waits for *every* copy in the context, and
-//! registering or unregistering blocks other threads' copies while it runs, so
-//! sliding registered windows over a file reach about half the line rate. In a
-//! second context made with `cuCtxCreate`, registering (`PORTABLE`) and
-//! unregistering neither wait for nor block the primary context's copies, and
-//! copies issued through the runtime read such memory at the line rate.
+//! In the device's primary context, `cudaHostUnregister` waits for *every*
+//! copy in the context, and registering or unregistering blocks other
+//! threads' copies while it runs: a pipeline that registers and unregisters
+//! as it goes stalls its own copies. In a second context made with
+//! `cuCtxCreate`, registering (`PORTABLE`) and unregistering neither wait for
+//! nor block the primary context's copies, and copies issued through the
+//! runtime read such memory as they read any registered memory.
 //!
 //! The price: the driver no longer waits for anyone. Memory may be unregistered
 //! only after every copy that reads it has completed. [`HostRegistration`]
 //! already waits for its fence (every copy from it records there) before it
 //! unregisters, on every path, so its registrations made in a
-//! [`RegistrationContext`] keep that rule. This behaviour is measured, not
-//! documented by NVIDIA: keep the primary-context path ([`HostRegistration::new`])
-//! as the fallback.
+//! [`RegistrationContext`] keep that rule. NVIDIA does not document this
+//! behaviour of the driver: keep the primary-context path
+//! ([`HostRegistration::new`]) as the fallback.
 //!
 //! [`HostRegistration`]: crate::HostRegistration
 //! [`HostRegistration::new`]: crate::HostRegistration::new

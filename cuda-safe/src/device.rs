@@ -99,7 +99,7 @@ impl Device {
         self.make_current()
     }
 
-    /// The product name ("NVIDIA H200").
+    /// The product name, as `nvidia-smi` shows it.
     ///
     /// # Errors
     /// The runtime's error.

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use wirespeed_cuda_sys::driver::CUresult;
-use wirespeed_cuda_sys::{LoadError, cudaError_t};
+use wirespeed_cuda_sys::{LoadError, cudaError, cudaError_t};
 
 /// The result of every fallible call of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -46,8 +46,23 @@ pub enum Error {
 }
 
 /// Codes after which the CUDA context is unusable: every later call fails and
-/// the process must be restarted.
-pub const STICKY_CODES: &[u32] = &[700, 702, 714, 715, 716, 717, 718, 719];
+/// the process must be restarted. The driver's `CUresult` has the same codes
+/// for these errors.
+///
+/// ```
+/// use wirespeed_cuda::sys::cudaError;
+/// assert!(wirespeed_cuda::STICKY_CODES.contains(&cudaError::cudaErrorIllegalAddress.0));
+/// ```
+pub const STICKY_CODES: &[u32] = &[
+    cudaError::cudaErrorIllegalAddress.0,
+    cudaError::cudaErrorLaunchTimeout.0,
+    cudaError::cudaErrorHardwareStackError.0,
+    cudaError::cudaErrorIllegalInstruction.0,
+    cudaError::cudaErrorMisalignedAddress.0,
+    cudaError::cudaErrorInvalidAddressSpace.0,
+    cudaError::cudaErrorInvalidPc.0,
+    cudaError::cudaErrorLaunchFailure.0,
+];
 
 impl Error {
     /// Builds an error from a CUDA return code (`code` must not be success).
@@ -81,7 +96,19 @@ impl Error {
 
     /// The raw CUDA code, if this came from CUDA: a `cudaError_t` for a runtime
     /// call, a `CUresult` for a driver call ([`Error::Driver`]). The two agree on
-    /// the codes this crate names (1, 2, 712, 713, and the sticky ones).
+    /// the codes this crate names (invalid value, out of memory, already
+    /// registered, not registered, and the sticky ones): compare either with
+    /// the runtime's [`cudaError`] constants.
+    ///
+    /// ```
+    /// use wirespeed_cuda::sys::cudaError;
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let pageable = vec![0u8; 64];
+    /// let e = wirespeed_cuda::host_flags(pageable.as_ptr().cast()).unwrap_err(); // neither pinned nor registered
+    /// assert_eq!(e.code(), Some(cudaError::cudaErrorInvalidValue.0));
+    /// # Ok(()) }
+    /// ```
     pub fn code(&self) -> Option<u32> {
         match self {
             Error::Cuda { code, .. } | Error::Driver { code, .. } => Some(*code),
@@ -101,7 +128,10 @@ impl Error {
     /// in this process.
     ///
     /// ```
-    /// let e = wirespeed_cuda::Error::Cuda { call: "cudaMemcpyAsync", code: 700, name: "cudaErrorIllegalAddress".into(), message: String::new() };
+    /// use wirespeed_cuda::{Error, sys::cudaError};
+    /// let code = cudaError::cudaErrorIllegalAddress.0;
+    /// let name = "cudaErrorIllegalAddress".into();
+    /// let e = Error::Cuda { call: "cudaMemcpyAsync", code, name, message: String::new() };
     /// assert!(e.is_sticky());
     /// ```
     pub fn is_sticky(&self) -> bool {
@@ -124,7 +154,9 @@ impl Error {
                      or no memory for it): fall back to registering in the primary context (HostRegistration::new)",
                 );
             }
-            Error::Driver { call: "cuMemHostUnregister", code: 401, .. } => {
+            Error::Driver { call: "cuMemHostUnregister", code, .. }
+                if CUresult(*code) == CUresult::CUDA_ERROR_ILLEGAL_STATE =>
+            {
                 return Some(
                     "a copy still used the memory: a registration context's unregister does not wait for copies, \
                      wait for their events first",
@@ -132,20 +164,28 @@ impl Error {
             }
             Error::Cuda { code, .. } | Error::Driver { code, .. } => *code,
         };
-        Some(match code {
-            2 => {
+        // A driver code is read by its runtime namesake: the two agree on
+        // every code named here (cuda-sys checks them).
+        Some(match cudaError(code) {
+            cudaError::cudaErrorMemoryAllocation => {
                 "out of memory: free buffers, use smaller ones, or (pinned memory) pin less: a pinned ring or windows need only a few slots"
             }
-            35 => "no usable NVIDIA driver: install one matching the runtime, or use the emulated runtime for tests",
-            100 => "no CUDA device is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES",
-            101 => "device index out of range: see Device::count()",
-            1 if self.call() == "cudaHostRegister" || self.call() == "cuMemHostRegister" => {
+            cudaError::cudaErrorInsufficientDriver => {
+                "no usable NVIDIA driver: install one matching the runtime, or use the emulated runtime for tests"
+            }
+            cudaError::cudaErrorNoDevice => "no CUDA device is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES",
+            cudaError::cudaErrorInvalidDevice => "device index out of range: see Device::count()",
+            cudaError::cudaErrorInvalidValue
+                if self.call() == "cudaHostRegister" || self.call() == "cuMemHostRegister" =>
+            {
                 "cudaHostRegister refused the range: a read-only or file mapping needs the ReadOnly flag (PROT_READ + MAP_SHARED), and the range must be mapped"
             }
-            712 => "these pages are already registered: share the existing registration or register disjoint pages",
-            713 => "this pointer is not the start of a registration",
-            600 => "the work has not finished yet",
-            c if STICKY_CODES.contains(&c) => "the CUDA context is lost (sticky error): restart the process",
+            cudaError::cudaErrorHostMemoryAlreadyRegistered => {
+                "these pages are already registered: share the existing registration or register disjoint pages"
+            }
+            cudaError::cudaErrorHostMemoryNotRegistered => "this pointer is not the start of a registration",
+            cudaError::cudaErrorNotReady => "the work has not finished yet",
+            _ if STICKY_CODES.contains(&code) => "the CUDA context is lost (sticky error): restart the process",
             _ => return None,
         })
     }

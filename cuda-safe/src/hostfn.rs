@@ -19,10 +19,11 @@
 //! may still run while the stream's next callback needs a thread), and an idle
 //! thread exits after [`IDLE`].
 
+use crate::locks::lock;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// How long an idle pool thread waits for work before it exits.
@@ -37,12 +38,12 @@ struct Gate {
 
 impl Gate {
     fn open(&self) {
-        *self.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        *lock(&self.open) = true;
         self.cv.notify_all();
     }
 
     fn wait(&self) {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = lock(&self.open);
         while !*open {
             open = self.cv.wait(open).unwrap_or_else(PoisonError::into_inner);
         }
@@ -68,6 +69,14 @@ pub(crate) fn release() {
     }
 }
 
+/// Locks `m`, also when a panic poisoned it ([`crate::locks::lock`]), after
+/// [`release`]: whoever holds `m` may be waiting for the stream whose host
+/// function runs on this thread.
+pub(crate) fn release_and_lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    release();
+    crate::locks::lock(m)
+}
+
 #[cold]
 #[inline(never)]
 fn release_held() {
@@ -91,8 +100,8 @@ static QUEUED: Condvar = Condvar::new();
 /// Idle pool threads that no job has claimed yet.
 static UNCLAIMED: AtomicUsize = AtomicUsize::new(0);
 
-fn lock_queue() -> std::sync::MutexGuard<'static, VecDeque<Job>> {
-    QUEUE.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock_queue() -> MutexGuard<'static, VecDeque<Job>> {
+    lock(&QUEUE)
 }
 
 fn worker() {

@@ -94,6 +94,7 @@
 mod context;
 mod device;
 mod error;
+mod fence;
 mod hostfn;
 pub mod locks;
 mod memory;
@@ -104,12 +105,13 @@ mod sync;
 pub use context::RegistrationContext;
 pub use device::{Device, RuntimeInfo, runtime_info};
 pub use error::{Error, Result, STICKY_CODES};
+pub use fence::Fence;
 pub use memory::{
     DetachedSliceMut, DeviceBuffer, DeviceSink, DeviceSlice, DeviceSliceMut, DeviceSource, HostMemory,
     HostRegistration, HostSink, HostSource, Lane, Lanes, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod,
-    RegisterFlags, host_device_pointer, host_flags, pointer_kind,
+    PointerKind, RegisterFlags, host_device_pointer, host_flags, pointer_kind,
 };
-pub use stream::{Event, EventOptions, Fence, Pending, Stream, StreamOptions};
+pub use stream::{Event, EventOptions, Pending, Stream, StreamOptions};
 
 /// The raw bindings, re-exported for interop.
 pub use wirespeed_cuda_sys as sys;

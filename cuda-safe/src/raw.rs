@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use std::ffi::{c_int, c_uint, c_void};
 use wirespeed_cuda_sys::driver::{CUcontext, CUdevice, CUresult};
 use wirespeed_cuda_sys::{
-    Api, DriverApi, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaStream_t,
+    Api, DriverApi, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaMemoryType, cudaStream_t,
 };
 
 /// Where an asynchronous call goes: a stream, with the function table its
@@ -170,14 +170,15 @@ pub(crate) fn host_get_device_pointer(p: *const c_void) -> Result<*mut c_void> {
     Ok(d)
 }
 
-/// What the runtime knows of an address: `(memory type, device)`.
-pub(crate) fn pointer_attributes(p: *const c_void) -> Result<(u32, i32)> {
+/// What the runtime knows of an address: `(memory type, device)`, the device
+/// negative where the runtime names none.
+pub(crate) fn pointer_attributes(p: *const c_void) -> Result<(cudaMemoryType, i32)> {
     let api = api()?;
     let mut a = wirespeed_cuda_sys::cudaPointerAttributes::default();
     // SAFETY: `a` is the larger (CUDA 13) layout, valid for either version; the
     // runtime only looks the address up.
     check("cudaPointerGetAttributes", unsafe { (api.cudaPointerGetAttributes)(&mut a, p) })?;
-    Ok((a.type_.0, a.device))
+    Ok((a.type_, a.device))
 }
 
 /// # Safety
@@ -420,9 +421,10 @@ pub(crate) unsafe fn mem_host_register(p: *mut c_void, bytes: usize, flags: u32)
     check_driver("cuMemHostRegister", unsafe { (d.cuMemHostRegister_v2)(p, bytes, flags as c_uint) })
 }
 
-/// Unregisters in the calling thread's current context. Unlike
+/// Unregisters in the calling thread's current context. In a second context
+/// (a [`RegistrationContext`](crate::RegistrationContext)'s), unlike
 /// `cudaHostUnregister` in the primary context, the driver does not wait for
-/// copies here (measured on an H200 in a second context).
+/// copies.
 ///
 /// # Safety
 /// `p` starts a registration of the current context that no queued or running

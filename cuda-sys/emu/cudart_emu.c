@@ -1443,8 +1443,8 @@ EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kin
 
 EXPORT cudaError_t cudaMemset(void *dst, int value, size_t n) {
     ENTER(cudaMemset);
-    /* Like the real runtime (seen on the H200: 1 GiB returns in 5 us), a memset
-     * of device memory is asynchronous to the host, on the legacy stream. */
+    /* Like the real runtime, a memset of device memory is asynchronous to
+     * the host, on the legacy stream. */
     return set_err(do_memset(dst, value, n, NULL, 0));
 }
 

@@ -1,15 +1,12 @@
 //! Reaching the few CUDA driver API functions of [`DriverApi`] at run time.
 
 use crate::driver::CUresult;
+use crate::libraries::{DRIVER_LIBRARY, dlerror_text};
 use crate::loader::{LoadError, Runtime, runtime};
 use crate::{DriverApi, cudaDriverEntryPointQueryResult, cudaError, cudaGetDriverEntryPointFlags};
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::fmt;
 use std::sync::OnceLock;
-
-/// The NVIDIA driver library, opened when the runtime cannot hand out the
-/// driver's functions.
-pub const DRIVER_LIBRARY: &str = "libcuda.so.1";
 
 /// The driver functions of [`DriverApi`], resolved once, and where they came from.
 ///
@@ -23,15 +20,6 @@ pub struct Driver {
 impl fmt::Debug for Driver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Driver").field("source", &self.source).finish()
-    }
-}
-
-fn dlerror_text() -> String {
-    // SAFETY: dlerror returns null or a NUL-terminated string owned by libc,
-    // valid until the next dl* call on this thread; it is copied at once.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() { "unknown error".into() } else { CStr::from_ptr(e).to_string_lossy().into_owned() }
     }
 }
 

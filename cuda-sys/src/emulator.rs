@@ -8,7 +8,7 @@
 //! delay per operation, so a missing synchronization shows), events and
 //! cross-stream waits order work, copies from pageable memory are staged
 //! synchronously while copies from pinned or registered memory are truly
-//! asynchronous, `cudaHostRegister` follows what was measured on the H200
+//! asynchronous, `cudaHostRegister` follows the real runtime's rules
 //! (page rounding, `ReadOnly` needed for read-only mappings, no page registered
 //! twice), device memory is bounds checked, and every live resource is counted.
 //! Faults can be injected into the Nth call of any function.
@@ -16,7 +16,7 @@
 //! It also models the driver API slice of [`DriverApi`](crate::DriverApi), handed out by
 //! its `cudaGetDriverEntryPointByVersion`: contexts made with `cuCtxCreate`
 //! (a per-thread stack of current contexts), and `cuMemHostRegister` in them.
-//! In such a second context, as measured on an H200, unregistering does not
+//! In such a second context, as with the real driver, unregistering does not
 //! wait for the copies that read the memory: the emulator refuses an
 //! unregistration while a queued or running copy still uses the range, prints
 //! a line and counts it ([`unregister_violations`]), so a test proves the rule.

@@ -34,10 +34,12 @@ mod driver_loader;
 #[cfg(feature = "emulator")]
 #[cfg_attr(docsrs, doc(cfg(feature = "emulator")))]
 pub mod emulator;
+mod libraries;
 mod loader;
 
-pub use driver_loader::{DRIVER_LIBRARY, Driver, driver};
-pub use loader::{LoadError, RUNTIME_PATH_ENV, Runtime, SEARCH_ORDER, runtime, set_runtime_path};
+pub use driver_loader::{Driver, driver};
+pub use libraries::{DRIVER_LIBRARY, RUNTIME_PATH_ENV, SEARCH_ORDER};
+pub use loader::{LoadError, Runtime, runtime, set_runtime_path};
 
 /// Types and constants of the CUDA 13 runtime headers (generated).
 #[allow(missing_docs, clippy::all, clippy::undocumented_unsafe_blocks)]
@@ -192,6 +194,28 @@ mod checks {
     const_assert_eq!(driver::CU_MEMHOSTREGISTER_DEVICEMAP, cudaHostRegisterMapped);
     const_assert_eq!(driver::CU_MEMHOSTREGISTER_READ_ONLY, cudaHostRegisterReadOnly);
     const_assert_eq!(driver::CUresult::CUDA_SUCCESS.0, 0);
+    // The driver's codes that the safe layer reads by their runtime names.
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_INVALID_VALUE.0, cudaError::cudaErrorInvalidValue.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_OUT_OF_MEMORY.0, cudaError::cudaErrorMemoryAllocation.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_NO_DEVICE.0, cudaError::cudaErrorNoDevice.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_INVALID_DEVICE.0, cudaError::cudaErrorInvalidDevice.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_NOT_READY.0, cudaError::cudaErrorNotReady.0);
+    const_assert_eq!(
+        driver::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED.0,
+        cudaError::cudaErrorHostMemoryAlreadyRegistered.0
+    );
+    const_assert_eq!(
+        driver::CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED.0,
+        cudaError::cudaErrorHostMemoryNotRegistered.0
+    );
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS.0, cudaError::cudaErrorIllegalAddress.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_LAUNCH_TIMEOUT.0, cudaError::cudaErrorLaunchTimeout.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR.0, cudaError::cudaErrorHardwareStackError.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION.0, cudaError::cudaErrorIllegalInstruction.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_MISALIGNED_ADDRESS.0, cudaError::cudaErrorMisalignedAddress.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE.0, cudaError::cudaErrorInvalidAddressSpace.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_INVALID_PC.0, cudaError::cudaErrorInvalidPc.0);
+    const_assert_eq!(driver::CUresult::CUDA_ERROR_LAUNCH_FAILED.0, cudaError::cudaErrorLaunchFailure.0);
     const_assert_eq!(cudaDriverEntryPointQueryResult::cudaDriverEntryPointSuccess.0, 0);
     const_assert_eq!(
         cudaDriverEntryPointQueryResult::cudaDriverEntryPointSuccess.0,

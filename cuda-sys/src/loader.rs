@@ -1,17 +1,10 @@
 //! Finding and loading `libcudart` at run time (dlopen through libc).
 
-use crate::driver_loader::DRIVER_LIBRARY;
+use crate::libraries::{DRIVER_LIBRARY, RUNTIME_PATH_ENV, SEARCH_ORDER, dlerror_text};
 use crate::{Api, cudaError_t};
 use std::ffi::{CStr, CString, c_void};
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
-
-/// The environment variable naming the runtime library to load (a path or a
-/// file name for the dynamic loader). It is tried before [`SEARCH_ORDER`].
-pub const RUNTIME_PATH_ENV: &str = "CUDA_SYS_RUNTIME";
-
-/// The library names tried, in order, after an explicit path.
-pub const SEARCH_ORDER: &[&str] = &["libcudart.so.13", "libcudart.so.12", "libcudart.so"];
 
 /// Why no runtime could be loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,15 +133,6 @@ pub struct Runtime {
 impl fmt::Debug for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runtime").field("path", &self.path).field("version", &self.version).finish()
-    }
-}
-
-fn dlerror_text() -> String {
-    // SAFETY: dlerror returns null or a NUL-terminated string owned by libc,
-    // valid until the next dl* call on this thread; it is copied at once.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() { "unknown error".into() } else { CStr::from_ptr(e).to_string_lossy().into_owned() }
     }
 }
 

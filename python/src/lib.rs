@@ -519,11 +519,8 @@ fn device_of(ptr: usize, device: Option<usize>) -> PyResult<Device> {
     let ordinal = match device {
         Some(d) => d,
         None => {
-            let (kind, dev) = wirespeed_cuda::pointer_kind(ptr as *const std::ffi::c_void).map_err(err)?;
-            if !matches!(kind, 2 | 3) || dev < 0 {
-                return Err(PyValueError::new_err(format!("{ptr:#x} is not CUDA device memory")));
-            }
-            dev as usize
+            let kind = wirespeed_cuda::pointer_kind(ptr as *const std::ffi::c_void).map_err(err)?;
+            kind.device_memory().ok_or_else(|| PyValueError::new_err(format!("{ptr:#x} is not CUDA device memory")))?
         }
     };
     Device::get(ordinal).map_err(err)

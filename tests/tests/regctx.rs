@@ -312,7 +312,7 @@ fn a_file_mapping_and_a_heap_buffer_registered_in_the_context_copy_in_the_primar
     if t.emulated() {
         // The runtime sees it as registered (portable) host memory.
         let p = reg.as_bytes().as_ptr().cast::<c_void>();
-        assert_eq!(pointer_kind(p).unwrap().0, 1);
+        assert!(pointer_kind(p).unwrap().is_pinned_host());
         assert_ne!(host_flags(p).unwrap() & wirespeed_cuda::sys::cudaHostRegisterPortable, 0);
     }
     let mut h = DeviceBuffer::<u8>::new(&d, heap.len()).unwrap();

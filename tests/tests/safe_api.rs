@@ -7,9 +7,10 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use wirespeed_cuda::{
     Device, DeviceBuffer, Error, Event, EventOptions, Fence, HostMemory, HostRegistration, PinnedBuffer, PinnedFlags,
-    Pod, RegisterFlags, STICKY_CODES, Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind,
-    runtime_info,
+    Pod, PointerKind, RegisterFlags, STICKY_CODES, Stream, StreamOptions, host_device_pointer, host_flags,
+    pointer_kind, runtime_info,
 };
+use wirespeed_cuda_sys::cudaMemoryType;
 use wirespeed_tests::{Ctx, pattern, start};
 
 fn dev() -> Device {
@@ -912,7 +913,7 @@ fn pinned_buffers_and_flags() {
         } else {
             assert_ne!(got & wirespeed_cuda_sys::cudaHostAllocMapped, 0, "{flags:?}: {got:#x}");
         }
-        assert_eq!(pointer_kind(b.as_ptr().cast()).unwrap().0, 1);
+        assert!(pointer_kind(b.as_ptr().cast()).unwrap().is_pinned_host());
         if flags.mapped {
             let dp = host_device_pointer(b.as_ptr().cast()).unwrap();
             assert!(!dp.is_null());
@@ -933,15 +934,18 @@ fn pointer_queries() {
     let t = start();
     let d = dev();
     let g = DeviceBuffer::<u8>::new(&d, 4096).unwrap();
-    assert_eq!(pointer_kind(g.as_raw_ptr().cast()).unwrap(), (2, 0));
-    assert_eq!(pointer_kind(g.as_raw_ptr().wrapping_add(100).cast()).unwrap().0, 2);
+    assert_eq!(
+        pointer_kind(g.as_raw_ptr().cast()).unwrap(),
+        PointerKind { memory: cudaMemoryType::cudaMemoryTypeDevice, device: Some(0) }
+    );
+    assert!(pointer_kind(g.as_raw_ptr().wrapping_add(100).cast()).unwrap().is_device());
     let p = PinnedBuffer::<u8>::new(4096).unwrap();
-    assert_eq!(pointer_kind(p.as_ptr().cast()).unwrap().0, 1);
+    assert!(pointer_kind(p.as_ptr().cast()).unwrap().is_pinned_host());
     assert!(host_flags(p.as_ptr().cast()).is_ok());
     let pageable = vec![0u8; 4096];
     let pp: *const c_void = pageable.as_ptr().cast();
     if t.emulated() {
-        assert_eq!(pointer_kind(pp).unwrap().0, 0);
+        assert_eq!(pointer_kind(pp).unwrap().memory, cudaMemoryType::cudaMemoryTypeUnregistered);
     } else {
         let _ = pointer_kind(pp); // unregistered (or managed, under HMM): not asserted on a GPU
     }
@@ -960,7 +964,7 @@ fn pointer_queries() {
     )
     .unwrap();
     let rp: *const c_void = reg.as_bytes().as_ptr().cast();
-    assert_eq!(pointer_kind(rp).unwrap().0, 1);
+    assert!(pointer_kind(rp).unwrap().is_pinned_host());
     assert_eq!(
         host_flags(rp).unwrap() & wirespeed_cuda_sys::cudaHostRegisterMapped,
         wirespeed_cuda_sys::cudaHostRegisterMapped

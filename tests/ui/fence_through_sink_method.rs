@@ -14,6 +14,6 @@ fn main() -> wirespeed_cuda::Result<()> {
     let mut d2 = DeviceBuffer::<u8>::new(&dev, 4096)?;
     let _ = std::mem::take(d2.device_dst().2);
     // Nor can the token be named or made here.
-    let _ = std::mem::take(p.host_dst(wirespeed_cuda::memory::sealed::Token(())).2);
+    let _ = std::mem::take(p.host_dst(wirespeed_cuda::memory::traits::sealed::Token(())).2);
     Ok(())
 }

@@ -1,12 +1,16 @@
 //! Several writers of one detached span at once, each on its own stream,
 //! not ordered against each other: [`Lanes`].
 
+use super::accessors::view_accessors;
+use super::detached::DetachedSliceMut;
+use super::device::DeviceSliceMut;
+use super::traits::Pod;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::fence::{Fence, Hold, span_of};
+use crate::locks::lock;
 use std::ops::RangeBounds;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-
-use super::{DetachedSliceMut, DeviceSliceMut, Pod};
-use crate::error::{Error, Result};
-use crate::stream::{Fence, Hold, span_of};
 
 /// A [`DetachedSliceMut`] split into *lanes*: writers that may each write any
 /// part of the span, from their own thread and stream, without being ordered
@@ -101,30 +105,13 @@ impl<T: Pod> Lanes<T> {
         self.lanes.len()
     }
 
-    /// Number of values of the span.
-    ///
-    /// ```
-    /// # fn main() -> wirespeed_cuda::Result<()> {
-    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u32>::zeroed(&wirespeed_cuda::Device::get(0)?, 64)?;
-    /// assert_eq!(buf.slice_mut(16..)?.detach().into_lanes(2).len(), 48);
-    /// # Ok(()) }
-    /// ```
-    pub fn len(&self) -> usize {
-        self.slice.len
-    }
-
-    /// True when the span holds no value.
-    ///
-    /// ```
-    /// # fn main() -> wirespeed_cuda::Result<()> {
-    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
-    /// let mut buf = wirespeed_cuda::DeviceBuffer::<u32>::zeroed(&wirespeed_cuda::Device::get(0)?, 64)?;
-    /// assert!(buf.slice_mut(64..)?.detach().into_lanes(2).is_empty());
-    /// # Ok(()) }
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.slice.len == 0
+    view_accessors! {
+        setup: (
+            "let dev = wirespeed_cuda::Device::get(0)?;\n",
+            "let mut buf = wirespeed_cuda::DeviceBuffer::<u16>::zeroed(&dev, 10)?;",
+        ),
+        view: ("buf.slice_mut(", ")?.detach().into_lanes(2)"),
+        len: slice.len,
     }
 
     /// Lane `k`, for one writer at a time (it locks the lane; give each
@@ -153,12 +140,7 @@ impl<T: Pod> Lanes<T> {
                 format!("lane {k} of {}: lanes are 0..{}", self.lanes.len(), self.lanes.len()),
             )
         })?;
-        Ok(Lane {
-            fence: fence.lock().unwrap_or_else(PoisonError::into_inner),
-            ptr: self.slice.ptr,
-            len: self.slice.len,
-            device: self.slice.device,
-        })
+        Ok(Lane { fence: lock(fence), ptr: self.slice.ptr, len: self.slice.len, device: self.slice.device })
     }
 
     /// Ends the lanes: every lane's record goes back to the detached slice
@@ -207,7 +189,7 @@ pub struct Lane<'a, T: Pod> {
     fence: MutexGuard<'a, Fence>,
     ptr: *mut T,
     len: usize,
-    device: crate::Device,
+    device: Device,
 }
 
 impl<T: Pod> std::fmt::Debug for Lane<'_, T> {
