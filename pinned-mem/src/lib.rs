@@ -113,7 +113,6 @@ mod mapping;
 mod memlock;
 mod range;
 mod ring;
-mod sink;
 mod strategy;
 mod streamer;
 mod util;

@@ -30,14 +30,15 @@ use std::time::Instant;
 
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
-use super::pipeline::{Feed, TAIL_SPIN, wait_tail};
+use super::claims::Feed;
+use super::ctx::{TAIL_SPIN, wait_tail};
+use super::sink::{Sink, Slicer, StreamMask};
 use super::stats::PassStats;
 use super::transfer::{Job, TransferState};
 use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock};
 use crate::budget::PeakWatch;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
-use crate::sink::{Sink, Slicer, StreamMask};
 use crate::strategy::Strategy;
 use crate::util::process_cpu_seconds;
 

@@ -2,19 +2,13 @@
 //! refuses one made from inside the streamer's own callbacks (it would wait
 //! for itself).
 
-use std::cell::RefCell;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use super::cache::State;
+use super::ctx::inside_callback;
 use super::{Shared, lock};
 use crate::error::{Error, Result};
-
-thread_local! {
-    /// The streamers whose progress callbacks this thread is inside, innermost
-    /// last (a callback may run another streamer, whose callback runs here too).
-    pub(super) static IN_CALLBACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
 
 /// Clears the owner mark when a call ends, however it ends.
 pub(super) struct Owner<'a>(&'a Mutex<Option<ThreadId>>, ThreadId);
@@ -44,13 +38,13 @@ impl Shared {
     /// [`Shared::enter`]), without taking the streamer.
     pub(super) fn refuse_inside_callback(&self, what: &'static str) -> Result<()> {
         let me = std::thread::current().id();
-        if *lock(&self.owner) == Some(me) || IN_CALLBACK.with(|c| c.borrow().contains(&self.id())) {
+        if *lock(&self.owner) == Some(me) || inside_callback(self.id()) {
             return Err(Error::invalid(what, "called from inside a callback of the same streamer"));
         }
         Ok(())
     }
 
-    /// This streamer's identity for [`IN_CALLBACK`] (its address; never 0).
+    /// This streamer's identity for the callback marks (its address; never 0).
     pub(super) fn id(&self) -> usize {
         std::ptr::from_ref(self) as usize
     }

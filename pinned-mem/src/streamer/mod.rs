@@ -61,13 +61,15 @@ use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSliceMut, Eve
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 use crate::range::PinOptions;
-use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, Enqueued, ScratchSink, Verifier};
 use crate::strategy::{Strategy, plan};
 use crate::util::{align_up, cpus, page_size};
+use sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, Enqueued, ScratchSink, Verifier};
 
 mod cache;
 mod chain;
+mod claims;
 mod config;
+mod ctx;
 mod direct;
 mod enter;
 mod pipeline;
@@ -75,6 +77,7 @@ mod plan;
 mod report;
 mod reserve;
 mod ring;
+mod sink;
 mod stats;
 mod transfer;
 mod whole;
@@ -85,7 +88,6 @@ use plan::check_range;
 
 pub use config::{CopyStreams, Progress, StreamConfig};
 pub use report::{Breakdown, Report, WindowContext};
-pub(crate) use stats::PassStats;
 pub use transfer::{StartOptions, Transfer};
 
 use transfer::{Job, TransferState, Worker};

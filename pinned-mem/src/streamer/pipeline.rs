@@ -1,32 +1,29 @@
 //! The run every transfer shares: plan, prepare what the strategy pins, run
 //! its agents (on threads, or a lone whole-file pass on the calling thread),
-//! wait for what is still in flight, and report. What the agents share: the
-//! context ([`Ctx`]: first failure, abort, progress) and the cursor pair they
-//! claim parts of the range from ([`Claims`]).
+//! wait for what is still in flight, and report.
 
 use std::fs::File;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use wirespeed_cuda::{Device, Event, EventOptions, RegistrationContext, Stream};
+use wirespeed_cuda::{Device, Event, EventOptions, Stream};
 
 use super::cache::{State, drop_overlapping};
-use super::enter::IN_CALLBACK;
+use super::claims::{Claims, Feed};
+use super::ctx::{Ctx, TAIL_SPIN, channel, panic_message, wait_tail};
 use super::plan::check_budget;
 use super::reserve::{Joining, Running, reserve_agent};
 use super::ring::{AgentLane, Fill, ring_agent};
+use super::sink::Sink;
 use super::stats::{PassStats, Step};
 use super::windows::{WindowSrc, window_agent};
 use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock, write};
-use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
-use crate::range::{PinOptions, PinnedRange};
+use crate::range::PinnedRange;
 use crate::ring::PinnedRing;
-use crate::sink::Sink;
 use crate::strategy::{HYBRID_IN_FLIGHT, Strategy};
 use crate::util::{align_up, page_size, process_cpu_seconds};
 
@@ -345,11 +342,6 @@ fn agents<'a>(
     Agents { windows, ring }
 }
 
-/// The channel on which the agents send their messages to the calling thread.
-fn channel<M>(ctx: &Ctx<'_>) -> (SyncSender<M>, Receiver<M>) {
-    sync_channel(2 * ctx.streams.len() + 2)
-}
-
 /// Runs one window agent on the calling thread: a lone agent with a SILENT
 /// sink, which sends no message.
 fn run_inline<S: Sink>(ctx: &Ctx<'_>, claims: &Claims, sink: &RwLock<S>, src: WindowSrc<'_>) {
@@ -420,76 +412,6 @@ fn run_threads<S: Sink>(
     });
 }
 
-pub(super) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
-/// What the agents of one transfer share.
-pub(super) struct Ctx<'a> {
-    pub(super) file: &'a Arc<MappedFile>,
-    pub(super) streams: &'a [Stream],
-    pub(super) opts: PinOptions,
-    pub(super) portable: bool,
-    pub(super) device0: Device,
-    pub(super) budget: &'a PinBudget,
-    pub(super) abort: AtomicBool,
-    pub(super) error: Mutex<Option<Error>>,
-    /// What the agents did so far: registrations, bytes, timed steps
-    /// (shared with a chained pass's sink).
-    pub(super) stats: Arc<PassStats>,
-    pub(super) done: AtomicU64,
-    pub(super) total: u64,
-    pub(super) progress: Option<&'a (dyn Fn(u64, u64) + Send + Sync)>,
-    pub(super) window_events: &'a Mutex<Vec<Vec<Event>>>,
-    /// [`Shared::id`] of the streamer running the transfer.
-    pub(super) streamer: usize,
-    /// The second context sliding windows are registered in, if any.
-    pub(super) window_ctx: Option<Arc<RegistrationContext>>,
-    /// The sink's lanes are open: agents put through them (the window
-    /// agent through lane 0), ring agents on streams of their own.
-    pub(super) lanes: bool,
-}
-
-impl Ctx<'_> {
-    /// Records the first error and tells every agent to stop.
-    pub(super) fn fail(&self, e: Error) {
-        lock(&self.error).get_or_insert(e);
-        self.abort.store(true, Ordering::Release);
-    }
-
-    pub(super) fn outcome(&self, r: Result<()>) {
-        if let Err(e) = r {
-            self.fail(e);
-        }
-    }
-
-    pub(super) fn aborted(&self) -> bool {
-        self.abort.load(Ordering::Acquire)
-    }
-
-    /// Counts `bytes` as landed and calls the progress callback, on whichever
-    /// thread landed them. A panic in the callback is this transfer's error
-    /// ([`Error::WorkerPanicked`]); the callback calling back into this
-    /// streamer gets [`Error::InvalidArgument`] (see [`Shared::enter`]).
-    pub(super) fn progress(&self, bytes: u64) {
-        if bytes == 0 || self.aborted() {
-            return; // nothing landed, or the transfer has failed: no progress to tell
-        }
-        let done = self.done.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        if let Some(p) = self.progress {
-            IN_CALLBACK.with(|c| c.borrow_mut().push(self.streamer));
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p(done.min(self.total), self.total)));
-            IN_CALLBACK.with(|c| c.borrow_mut().pop());
-            if let Err(panic) = r {
-                self.fail(Error::WorkerPanicked { message: panic_message(panic.as_ref()) });
-            }
-        }
-    }
-}
-
 /// Streams (one per device) and events of one ring agent, kept between
 /// transfers: creating them is a fixed cost every pass would pay.
 pub(super) struct AgentStreamSet {
@@ -549,259 +471,6 @@ fn join_agents(ctx: &Ctx<'_>, lanes: &[AgentStreamSet], streams: &[Stream]) {
     }
 }
 
-/// Where a running pass gets more ranges to stream (the transfers queued
-/// behind the first one: `chain.rs`).
-pub(super) trait Feed: Sync {
-    /// The next range of the pass, starting at or after `end` (the end of
-    /// the last one), ready to be claimed; `None` when there is none now (the
-    /// pass then takes no more).
-    fn next_range(&self, end: u64) -> Option<Range<u64>>;
-}
-
-/// The parts of the pass not claimed yet: the window agent takes from the
-/// front, hybrid ring agents from the back. Claims end on multiples of their
-/// size (absolute file offsets), so windows never share a page and direct
-/// reads stay aligned.
-///
-/// A pass streams one range, or several, one after the other (a chained
-/// pass: [`Feed`]). Each range is claimed from both ends like a lone one;
-/// the front moves to the next range once fewer bytes are left than it
-/// leaves (`front_leaving`), the back once nothing is left, and a claimer
-/// that reaches the last range asks the feed for another. Once the feed has
-/// none, it is asked no more: a range arriving later waits for the next pass
-/// (a range is never added once the claimers that would take its end have
-/// stopped).
-pub(super) struct Claims<'f> {
-    cursor: Mutex<Cursors>,
-    feed: Option<&'f dyn Feed>,
-}
-
-struct Cursors {
-    /// The unclaimed part of each range of the pass, in order.
-    parts: Vec<Range<u64>>,
-    /// The parts the front and the back claim from.
-    front: usize,
-    back: usize,
-    /// The feed has had nothing once: no range is added any more.
-    closed: bool,
-}
-
-/// Which claimer's cursor.
-#[derive(Clone, Copy)]
-enum Side {
-    Front,
-    Back,
-}
-
-impl Cursors {
-    /// Moves `side`'s cursor to the next range (asking the feed for one
-    /// when it is on the last); false when there is none.
-    fn advance(&mut self, side: Side, feed: Option<&dyn Feed>) -> bool {
-        let at = match side {
-            Side::Front => self.front,
-            Side::Back => self.back,
-        };
-        if at + 1 >= self.parts.len() && !self.more(feed) {
-            return false;
-        }
-        match side {
-            Side::Front => self.front += 1,
-            Side::Back => self.back += 1,
-        }
-        true
-    }
-
-    /// Adds the feed's next range, if there is one and the pass still takes one.
-    fn more(&mut self, feed: Option<&dyn Feed>) -> bool {
-        if self.closed {
-            return false;
-        }
-        let end = self.parts.last().map_or(0, |p| p.end);
-        match feed.and_then(|f| f.next_range(end)) {
-            Some(r) if r.start >= end && r.start < r.end => {
-                self.parts.push(r);
-                true
-            }
-            _ => {
-                self.closed = true;
-                false
-            }
-        }
-    }
-}
-
-impl<'f> Claims<'f> {
-    pub(super) fn new(range: Range<u64>, feed: Option<&'f dyn Feed>) -> Claims<'f> {
-        Claims { cursor: Mutex::new(Cursors { parts: vec![range], front: 0, back: 0, closed: feed.is_none() }), feed }
-    }
-
-    pub(super) fn front(&self, size: u64) -> Option<Range<u64>> {
-        self.front_leaving(size, 0)
-    }
-
-    /// As [`Claims::front`], but none from a range once fewer than `leave`
-    /// bytes are left in it (the front then moves on to the next range).
-    pub(super) fn front_leaving(&self, size: u64, leave: u64) -> Option<Range<u64>> {
-        let mut g = lock(&self.cursor);
-        let c = &mut *g;
-        loop {
-            let p = c.parts.get_mut(c.front)?;
-            if p.start < p.end && p.end - p.start >= leave {
-                let end = ((p.start / size).saturating_add(1)).saturating_mul(size).min(p.end);
-                let r = p.start..end;
-                p.start = end;
-                return Some(r);
-            }
-            if !c.advance(Side::Front, self.feed) {
-                return None;
-            }
-        }
-    }
-
-    pub(super) fn back(&self, size: u64) -> Option<Range<u64>> {
-        let mut g = lock(&self.cursor);
-        let c = &mut *g;
-        loop {
-            let p = c.parts.get_mut(c.back)?;
-            if p.start < p.end {
-                let start = ((p.end - 1) / size * size).max(p.start);
-                let r = start..p.end;
-                p.end = start;
-                return Some(r);
-            }
-            if !c.advance(Side::Back, self.feed) {
-                return None;
-            }
-        }
-    }
-}
-
 /// In the hybrid, the window agent leaves the last this many windows' worth
 /// of the range to the ring agents.
 const HYBRID_LEAVE_WINDOWS: u64 = 2;
-
-/// How long the tail of a pass polls its last event before sleeping on it: a
-/// blocking-sync event wakes its waiter late, a fixed cost on every pass.
-pub(super) const TAIL_SPIN: std::time::Duration = std::time::Duration::from_micros(300);
-
-/// The last piece of a pass is polled for as long as it takes to copy at this
-/// rate (a low one: a slower copy outlasts the polling and is slept on).
-const TAIL_POLL_RATE: f64 = 20e9;
-/// The longest the last piece is polled for.
-const TAIL_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// How long to poll for the last `bytes` of a pass: [`TAIL_SPIN`] plus their
-/// copy time at [`TAIL_POLL_RATE`], at most [`TAIL_SPIN_MAX`]. Polling one
-/// core for the last piece (about 1 ms of CPU for 64 MiB, once per pass) buys
-/// the pass the sleeping wake-up's latency, a fixed cost that shows most on
-/// passes over a kept registration.
-pub(super) fn tail_spin(bytes: u64) -> std::time::Duration {
-    let copy = std::time::Duration::from_secs_f64(bytes as f64 / TAIL_POLL_RATE);
-    (TAIL_SPIN + copy).min(TAIL_SPIN_MAX)
-}
-
-/// Waits for `ev`, polling it for `spin` before sleeping on it. Used only for
-/// the last waits of a pass, where nothing else hides the wake-up.
-pub(super) fn wait_tail(ev: &Event, spin: std::time::Duration) -> wirespeed_cuda::Result<()> {
-    let t = Instant::now();
-    while t.elapsed() < spin {
-        if ev.query()? {
-            return ev.synchronize(); // at once; it also notes the streams' progress
-        }
-        std::hint::spin_loop();
-    }
-    ev.synchronize()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn claims_meet_in_the_middle_on_boundaries() {
-        let c = Claims::new(100..10_000, None);
-        assert_eq!(c.front(4096), Some(100..4096));
-        assert_eq!(c.back(1000), Some(9000..10_000));
-        assert_eq!(c.back(1000), Some(8000..9000));
-        assert_eq!(c.front(4096), Some(4096..8000));
-        assert_eq!(c.front(4096), None);
-        assert_eq!(c.back(1000), None);
-    }
-
-    #[test]
-    fn front_claims_leave_the_end() {
-        let c = Claims::new(0..10_000, None);
-        assert_eq!(c.front_leaving(1000, 3000), Some(0..1000));
-        assert_eq!(c.back(1000), Some(9000..10_000));
-        assert_eq!(c.front_leaving(4000, 3000), Some(1000..4000));
-        assert_eq!(c.front_leaving(1000, 5001), None, "5000 left, fewer than asked");
-        assert_eq!(c.front(1000), Some(4000..5000), "plain claims still take it");
-    }
-
-    /// A feed of fixed ranges, counting how often it was asked.
-    struct Ranges(Mutex<Vec<Range<u64>>>, AtomicU64);
-
-    impl Feed for Ranges {
-        fn next_range(&self, _end: u64) -> Option<Range<u64>> {
-            self.1.fetch_add(1, Ordering::Relaxed);
-            let mut v = lock(&self.0);
-            if v.is_empty() { None } else { Some(v.remove(0)) }
-        }
-    }
-
-    #[test]
-    fn a_fed_pass_claims_each_range_from_both_ends_in_turn() {
-        let feed = Ranges(Mutex::new(vec![1000..2000, 2500..3000]), AtomicU64::new(0));
-        let c = Claims::new(0..1000, Some(&feed));
-        assert_eq!(c.front_leaving(300, 400), Some(0..300));
-        assert_eq!(c.back(100), Some(900..1000));
-        assert_eq!(c.front_leaving(300, 400), Some(300..600));
-        // 300 left, fewer than it leaves: the front moves on to the next range.
-        assert_eq!(c.front_leaving(300, 400), Some(1000..1200));
-        assert_eq!(c.back(100), Some(800..900), "the back finishes the first range");
-        assert_eq!(c.back(250), Some(750..800));
-        assert_eq!(c.back(250), Some(600..750));
-        assert_eq!(c.back(100), Some(1900..2000), "then takes the next one's end");
-        assert_eq!(feed.1.load(Ordering::Relaxed), 1);
-        assert_eq!(c.front_leaving(300, 500), Some(1200..1500));
-        assert_eq!(c.back(1000), Some(1500..1900), "cut at the range's start");
-        assert_eq!(c.front(1000), Some(2500..3000), "the third range");
-        assert_eq!(c.back(100), None);
-        assert_eq!(c.front(1000), None);
-        // The feed had nothing once: it is not asked again.
-        let asked = feed.1.load(Ordering::Relaxed);
-        lock(&feed.0).push(4000..5000);
-        assert_eq!(c.back(100), None);
-        assert_eq!(feed.1.load(Ordering::Relaxed), asked);
-    }
-
-    #[test]
-    fn a_range_behind_the_last_one_is_not_taken() {
-        let feed = Ranges(Mutex::new(std::iter::once(0..10).collect()), AtomicU64::new(0));
-        let c = Claims::new(100..200, Some(&feed));
-        assert_eq!(c.front(1000), Some(100..200));
-        assert_eq!(c.front(1000), None);
-        assert_eq!(c.back(1000), None);
-    }
-
-    #[test]
-    fn claims_cover_everything_once() {
-        let c = Claims::new(7..1_000_003, None);
-        let mut parts = Vec::new();
-        let mut flip = false;
-        loop {
-            flip = !flip;
-            let r = if flip { c.front(65536) } else { c.back(10_000) };
-            match r {
-                Some(r) => parts.push(r),
-                None => break,
-            }
-        }
-        parts.sort_by_key(|r| r.start);
-        assert_eq!(parts[0].start, 7);
-        for w in parts.windows(2) {
-            assert_eq!(w[0].end, w[1].start);
-        }
-        assert_eq!(parts.last().map(|r| r.end), Some(1_000_003));
-    }
-}

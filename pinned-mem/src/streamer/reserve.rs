@@ -27,12 +27,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
-use super::pipeline::{Claims, Ctx};
+use super::claims::Claims;
+use super::ctx::Ctx;
 use super::report::Breakdown;
 use super::ring::{AgentLane, Fill, ring_agent};
+use super::sink::Sink;
 use crate::error::Result;
 use crate::ring::PinnedRing;
-use crate::sink::Sink;
 
 /// How long the reserve waits before its first look: the ring's slots start
 /// free, so its threads do not wait for any until they have gone round once.

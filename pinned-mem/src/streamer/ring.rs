@@ -21,13 +21,14 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 
 use super::cache::State;
+use super::claims::Claims;
+use super::ctx::Ctx;
 use super::direct::direct_read;
-use super::pipeline::{Claims, Ctx};
+use super::sink::{Sink, mask_streams};
 use super::stats::Step;
 use super::{Shared, read, write};
 use crate::error::Result;
 use crate::ring::PinnedRing;
-use crate::sink::{Sink, mask_streams};
 use crate::strategy::Strategy;
 
 impl Shared {

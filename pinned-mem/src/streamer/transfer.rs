@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
-use super::pipeline::panic_message;
+use super::ctx::panic_message;
 use super::{Report, Shared, lock};
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;

@@ -50,13 +50,14 @@ use std::sync::Arc;
 
 use wirespeed_cuda::RegistrationContext;
 
-use super::pipeline::{Claims, Ctx, tail_spin, wait_tail};
+use super::claims::Claims;
+use super::ctx::{Ctx, tail_spin, wait_tail};
+use super::sink::{RangePart, Sink};
 use super::stats::Step;
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
 use super::{Shared, WindowContext, lock, read, write};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
-use crate::sink::{RangePart, Sink};
 
 /// Where the window agent's pinned bytes come from.
 #[derive(Clone, Copy)]

@@ -74,7 +74,7 @@ pub(crate) trait Sink: Send + Sync {
         &mut self,
         _strategy: crate::Strategy,
         _windows: &crate::WindowContext,
-        _stats: &std::sync::Arc<crate::streamer::PassStats>,
+        _stats: &std::sync::Arc<super::stats::PassStats>,
     ) {
     }
     /// True when pieces may be put by several agents at once, each through a
