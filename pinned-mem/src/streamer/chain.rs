@@ -32,8 +32,9 @@ use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
 use super::claims::Feed;
 use super::ctx::{TAIL_SPIN, wait_tail};
-use super::sink::{Sink, Slicer, StreamMask};
+use super::sink::{Sink, Slicer};
 use super::stats::PassStats;
+use super::stream_set::StreamSet;
 use super::transfer::{Job, TransferState};
 use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock};
 use crate::budget::PeakWatch;
@@ -168,9 +169,9 @@ impl Sink for ChainSink<'_, '_> {
     type Msg = Landed;
     const SILENT: bool = false;
 
-    fn streams_for(&self, off: u64, _len: u64) -> StreamMask {
+    fn streams_for(&self, off: u64, _len: u64) -> StreamSet {
         let segments = lock(&self.chain.segments);
-        find(&segments, off).map_or(0, |i| 1 << segments[i].stream)
+        find(&segments, off).map_or(StreamSet::EMPTY, |i| StreamSet::one(segments[i].stream))
     }
 
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, out: &mut Vec<Landed>) -> Result<()> {

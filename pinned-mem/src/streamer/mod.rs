@@ -79,6 +79,7 @@ mod reserve;
 mod ring;
 mod sink;
 mod stats;
+mod stream_set;
 mod transfer;
 mod whole;
 mod windows;

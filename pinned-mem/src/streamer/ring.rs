@@ -24,7 +24,7 @@ use super::cache::State;
 use super::claims::Claims;
 use super::ctx::Ctx;
 use super::direct::direct_read;
-use super::sink::{Sink, mask_streams};
+use super::sink::Sink;
 use super::stats::Step;
 use super::{Shared, read, write};
 use crate::error::Result;
@@ -110,14 +110,14 @@ pub(super) fn ring_agent<S: Sink>(
             }
             Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone()),
         })?;
-        let mask = read(sink).streams_for(r.start, len as u64);
+        let to = read(sink).streams_for(r.start, len as u64);
         let in_flight = match lane {
             AgentLane::Own { lane, streams } => {
-                full.submit(&mask_streams(mask, streams), |src| read(sink).put_lane(lane, streams, src, r.start, len))?
+                full.submit(&to.pick(streams), |src| read(sink).put_lane(lane, streams, src, r.start, len))?
             }
-            AgentLane::Shared => full.submit(&mask_streams(mask, ctx.streams), |src| {
-                write(sink).put(ctx.streams, src, r.start, len, &mut out)
-            })?,
+            AgentLane::Shared => {
+                full.submit(&to.pick(ctx.streams), |src| write(sink).put(ctx.streams, src, r.start, len, &mut out))?
+            }
         };
         ctx.stats.ring_bytes.fetch_add(len as u64, Ordering::Relaxed);
         drop(in_flight); // back to the ring, free again once its copies completed

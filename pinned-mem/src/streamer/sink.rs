@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSlice, Lanes, PinnedBuffer, PinnedSlice, Stream};
 
+use super::stream_set::StreamSet;
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
@@ -40,13 +41,6 @@ impl Slicer for SlotSource<'_> {
     }
 }
 
-/// A bit per stream index.
-pub(crate) type StreamMask = u64;
-
-pub(crate) fn mask_streams(mask: StreamMask, streams: &[Stream]) -> Vec<&Stream> {
-    streams.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, s)| s).collect()
-}
-
 pub(crate) trait Sink: Send + Sync {
     /// Sent to the calling thread when `put` completes something (chunks).
     type Msg: Send;
@@ -54,7 +48,7 @@ pub(crate) trait Sink: Send + Sync {
     /// calling thread, with nobody reading the channel.
     const SILENT: bool;
     /// The streams a piece goes to.
-    fn streams_for(&self, off: u64, len: u64) -> StreamMask;
+    fn streams_for(&self, off: u64, len: u64) -> StreamSet;
     /// Enqueues the piece's copies.
     fn put(
         &mut self,
@@ -161,10 +155,8 @@ impl Sink for DevicesSink<'_> {
     type Msg = ();
     const SILENT: bool = true;
     const LANES: bool = true;
-    fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
-        let mut mask = self.dsts.iter().fold(0, |m, (i, _)| m | 1 << i);
-        mask |= self.laned.iter().fold(0, |m, (i, _)| m | 1 << i);
-        mask
+    fn streams_for(&self, _off: u64, _len: u64) -> StreamSet {
+        self.dsts.iter().map(|(i, _)| *i).chain(self.laned.iter().map(|(i, _)| *i)).collect()
     }
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, _out: &mut Vec<()>) -> Result<()> {
         let at = (off - self.start) as usize;
@@ -223,8 +215,8 @@ pub(crate) struct ScratchSink<'a> {
 impl Sink for ScratchSink<'_> {
     type Msg = ();
     const SILENT: bool = true;
-    fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
-        1 << self.stream
+    fn streams_for(&self, _off: u64, _len: u64) -> StreamSet {
+        StreamSet::one(self.stream)
     }
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, _out: &mut Vec<()>) -> Result<()> {
         let stream = streams.get(self.stream).ok_or_else(|| Error::invalid("sink", "no stream"))?;
@@ -288,12 +280,12 @@ impl ChunkSink<'_> {
 impl Sink for ChunkSink<'_> {
     type Msg = Chunk;
     const SILENT: bool = false;
-    fn streams_for(&self, off: u64, len: u64) -> StreamMask {
+    fn streams_for(&self, off: u64, len: u64) -> StreamSet {
         let n = self.devices.len() as u64;
         if len == 0 {
-            return 0;
+            return StreamSet::EMPTY;
         }
-        self.chunks(off, len).take(n as usize).fold(0, |m, k| m | 1 << (k % n))
+        self.chunks(off, len).take(n as usize).map(|k| (k % n) as usize).collect()
     }
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, out: &mut Vec<Chunk>) -> Result<()> {
         if len == 0 {

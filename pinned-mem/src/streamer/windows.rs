@@ -54,6 +54,7 @@ use super::claims::Claims;
 use super::ctx::{Ctx, tail_spin, wait_tail};
 use super::sink::{RangePart, Sink};
 use super::stats::Step;
+use super::stream_set::StreamSet;
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
 use super::{Shared, WindowContext, lock, read, write};
 use crate::error::{Error, Result};
@@ -95,7 +96,7 @@ struct InFlightWindow {
     /// The set of events recorded after its copies.
     set: usize,
     /// The streams those events were recorded on.
-    mask: u64,
+    recorded: StreamSet,
     /// Bytes that count as progress once its events completed.
     len: u64,
 }
@@ -187,25 +188,25 @@ fn claim_windows<S: Sink>(
         let put = if ctx.lanes {
             // Lane 0 is the window agent's, on the streamer's streams.
             let s = read(sink);
-            let mask = s.streams_for(r.start, len);
-            s.put_lane(0, ctx.streams, &part, r.start, len as usize).map(|()| mask)
+            let to = s.streams_for(r.start, len);
+            s.put_lane(0, ctx.streams, &part, r.start, len as usize).map(|()| to)
         } else {
             let mut s = write(sink);
-            let mask = s.streams_for(r.start, len);
-            s.put(ctx.streams, &part, r.start, len as usize, &mut out).map(|()| mask)
+            let to = s.streams_for(r.start, len);
+            s.put(ctx.streams, &part, r.start, len as usize, &mut out).map(|()| to)
         };
         // An inline agent's channel has no reader (see `run_inline`).
         debug_assert!(!S::SILENT || out.is_empty(), "a SILENT sink sent a message");
-        let mask = match &put {
-            Ok(m) => *m,
-            Err(_) => u64::MAX >> (64 - ctx.streams.len()), // cover whatever was enqueued
+        let to = match &put {
+            Ok(to) => *to,
+            Err(_) => StreamSet::first(ctx.streams.len()), // cover whatever was enqueued
         };
-        let (set, recorded, rec_err) = queue.record(ctx, mask);
+        let (set, recorded, rec_err) = queue.record(ctx, to);
         // A piece whose copies failed is not progress (its events still cover
         // whatever was enqueued).
         let landed = if put.is_ok() { len } else { 0 };
         ctx.stats.in_place_bytes.fetch_add(landed, Ordering::Relaxed);
-        queue.windows.push_back(InFlightWindow { reg: own, set, mask: recorded, len: landed });
+        queue.windows.push_back(InFlightWindow { reg: own, set, recorded, len: landed });
         put?;
         if let Some(e) = rec_err {
             return Err(e.into());
@@ -282,16 +283,16 @@ impl Queue {
         self.windows.len() >= self.events.len()
     }
 
-    /// Records the next set's events on the streams of `mask`, creating the
+    /// Records the next set's events on the streams `to`, creating the
     /// missing ones. Answers the set, the streams recorded on, and the first
     /// error (the other streams are still recorded).
-    fn record(&mut self, ctx: &Ctx<'_>, mask: u64) -> (usize, u64, Option<wirespeed_cuda::Error>) {
+    fn record(&mut self, ctx: &Ctx<'_>, to: StreamSet) -> (usize, StreamSet, Option<wirespeed_cuda::Error>) {
         let set = self.next_set;
         self.next_set = (self.next_set + 1) % self.events.len();
-        let mut recorded = 0;
+        let mut recorded = StreamSet::EMPTY;
         let mut rec_err = None;
         for (i, stream) in ctx.streams.iter().enumerate() {
-            if mask & (1 << i) == 0 {
+            if !to.contains(i) {
                 continue;
             }
             let slot = &mut self.events[set][i];
@@ -306,7 +307,7 @@ impl Queue {
             }
             if let Some(ev) = slot {
                 match stream.record(ev) {
-                    Ok(()) => recorded |= 1 << i,
+                    Ok(()) => recorded = recorded.with(i),
                     Err(e) => {
                         rec_err.get_or_insert(e);
                     }
@@ -332,7 +333,7 @@ impl Queue {
         while let Some(w) = self.windows.front() {
             let mut done = true;
             for (i, ev) in self.events[w.set].iter().enumerate() {
-                if w.mask & (1 << i) != 0
+                if w.recorded.contains(i)
                     && let Some(ev) = ev
                     && !ev.query()?
                 {
@@ -381,7 +382,7 @@ impl Queue {
 fn retire(ctx: &Ctx<'_>, w: InFlightWindow, events: &[Vec<Option<Event>>], tail: bool) -> Result<()> {
     let mut res = Ok(());
     for (i, ev) in events[w.set].iter().enumerate() {
-        if w.mask & (1 << i) != 0
+        if w.recorded.contains(i)
             && let Some(ev) = ev
             && let Err(e) = ctx
                 .stats
