@@ -54,49 +54,45 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
 
-use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, Pod, Stream};
+use wirespeed_cuda::locks::lock;
+use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut, Pod, Stream};
 
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
-use crate::range::PinOptions;
-use crate::strategy::{Strategy, plan};
-use crate::util::{align_up, cpus, page_size};
-use sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, Enqueued, ScratchSink, Verifier};
+use crate::strategy::Strategy;
 
 mod cache;
 mod chain;
+mod checks;
 mod claims;
 mod config;
 mod ctx;
 mod direct;
-mod enter;
+mod lanes;
 mod pipeline;
-mod plan;
 mod report;
 mod reserve;
 mod ring;
+mod shared;
 mod sink;
 mod stats;
 mod stream_set;
 mod transfer;
 mod whole;
 mod windows;
-
-use cache::{State, kept};
-use plan::check_range;
+mod worker;
 
 pub use config::{CopyStreams, Progress, StreamConfig};
 pub use report::{Breakdown, Report, WindowContext};
 pub use transfer::{StartOptions, Transfer};
 
-use transfer::{Job, TransferState, Worker};
-
-use wirespeed_cuda::locks::{lock, read, write};
-
-/// The pinned bounce buffer of verification.
-const VERIFY_BOUNCE: u64 = 1 << 20;
+use cache::kept;
+use checks::{bytes_of_range, check_range};
+use shared::Shared;
+use sink::{Chunk, ChunkPool, ChunkSink, ScratchSink};
+use transfer::{Job, TransferState};
+use worker::Worker;
 
 /// Moves byte ranges of mapped files to device memory on one or more GPUs,
 /// choosing (or being told) a strategy from the pin budget and the file.
@@ -126,28 +122,6 @@ pub struct Streamer {
     shared: Arc<Shared>,
     /// The thread that runs [`Streamer::start`]'s transfers, once there was one.
     worker: Mutex<Option<Worker>>,
-}
-
-/// What a [`Streamer`] shares with its worker thread: everything but the
-/// worker itself. The transfers' internals (the other files of this folder)
-/// work on it.
-pub(super) struct Shared {
-    devices: Vec<Device>,
-    streams: Vec<Stream>,
-    done_events: Vec<Event>,
-    /// Events of the window agent, per stream, kept between passes (creating
-    /// them is a fixed cost every pass would pay).
-    window_events: Mutex<Vec<Vec<Event>>>,
-    /// The ring agents' own streams and events, kept between transfers
-    /// (see [`StreamConfig::copy_streams`]).
-    agent_streams: Mutex<pipeline::AgentStreams>,
-    config: StreamConfig,
-    portable: bool,
-    owner: Mutex<Option<ThreadId>>,
-    state: Mutex<State>,
-    /// The second context windows are registered in, made at the first
-    /// transfer that registers windows (or why there is none).
-    window_context: std::sync::OnceLock<std::result::Result<Arc<wirespeed_cuda::RegistrationContext>, String>>,
 }
 
 impl std::fmt::Debug for Streamer {
@@ -183,34 +157,7 @@ impl Streamer {
     /// [`Error::InvalidArgument`] for no device, a repeated one, more than 64,
     /// or a bad strategy; CUDA's error creating streams and events.
     pub fn new(devices: &[Device], config: StreamConfig) -> Result<Streamer> {
-        if devices.is_empty() || devices.len() > 64 {
-            return Err(Error::invalid("Streamer::new", format!("{} devices: give 1 to 64", devices.len())));
-        }
-        for (i, d) in devices.iter().enumerate() {
-            if devices[..i].contains(d) {
-                return Err(Error::invalid("Streamer::new", format!("device {} is given twice", d.ordinal())));
-            }
-        }
-        config.strategy.normalized()?;
-        let mut streams = Vec::with_capacity(devices.len());
-        let mut done_events = Vec::with_capacity(devices.len());
-        for d in devices {
-            streams.push(Stream::new(d)?);
-            done_events.push(Event::new(d, EventOptions { timing: false, blocking_sync: true })?);
-        }
-        let shared = Shared {
-            devices: devices.to_vec(),
-            window_events: Mutex::new(streams.iter().map(|_| Vec::new()).collect()),
-            agent_streams: Mutex::new(pipeline::AgentStreams::default()),
-            streams,
-            done_events,
-            portable: devices.len() > 1,
-            config,
-            owner: Mutex::new(None),
-            state: Mutex::new(State::default()),
-            window_context: std::sync::OnceLock::new(),
-        };
-        Ok(Streamer { shared: Arc::new(shared), worker: Mutex::new(None) })
+        Ok(Streamer { shared: Arc::new(Shared::new(devices, config)?), worker: Mutex::new(None) })
     }
 
     /// The devices, in the order given.
@@ -306,17 +253,7 @@ impl Streamer {
     /// # Ok::<(), wirespeed_pinned::Error>(())
     /// ```
     pub fn resolve(&self, file_len: u64) -> Strategy {
-        let s = &*self.shared;
-        let strategy = s.config.strategy.normalized().unwrap_or(s.config.strategy);
-        if strategy != Strategy::Auto {
-            return strategy;
-        }
-        let kept = s.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
-        // With `verify`, the bounce buffer is taken from the budget before the
-        // plan is made: the plan reported here is the one that will run.
-        let bounce = if s.config.verify { align_up(file_len.clamp(1, VERIFY_BOUNCE), page_size()) } else { 0 };
-        let avail = s.usable(kept).saturating_sub(bounce);
-        plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
+        self.shared.resolve(file_len)
     }
 
     /// Makes ready now what the first transfer of `file_len` bytes would make
@@ -675,103 +612,5 @@ impl Streamer {
             None => worker.insert(Worker::spawn(self.shared.clone(), job.file.path())?),
         };
         w.send(job)
-    }
-}
-
-/// `dst` as bytes, when it holds exactly `len` bytes (whole values of `T`).
-fn bytes_of_range<'d, T: Pod>(
-    what: &'static str,
-    dst: DeviceSliceMut<'d, T>,
-    len: u64,
-) -> Result<DeviceSliceMut<'d, u8>> {
-    let size = size_of::<T>() as u64;
-    if size == 0 {
-        return Err(Error::invalid(what, "the destination's element type has no size"));
-    }
-    if !len.is_multiple_of(size) {
-        return Err(Error::invalid(
-            what,
-            format!("the range holds {len} bytes, not a whole number of {size}-byte values of the destination's type"),
-        ));
-    }
-    let dst = dst.into_bytes();
-    if dst.len() as u64 != len {
-        return Err(Error::invalid(what, format!("destination holds {} bytes, the range {len}", dst.len())));
-    }
-    Ok(dst)
-}
-
-impl Shared {
-    /// Moves file bytes `range` into each of `dsts` (stream index, bytes of
-    /// the range's length), taking the streamer for `what`: the run shared by
-    /// [`Streamer::to_device`], [`Streamer::to_devices`] and the worker's
-    /// transfers. `after` is waited for on the destinations' streams before
-    /// the first copy; `enqueued` is called once every copy is enqueued.
-    /// Each destination's earlier detached writers are waited for first,
-    /// before the streamer is taken (one may be a transfer the worker has
-    /// still to run); the destinations are released when it returns.
-    pub(super) fn fill(
-        &self,
-        what: &'static str,
-        file: &Arc<MappedFile>,
-        range: Range<u64>,
-        mut dsts: Vec<(usize, DetachedSliceMut<u8>)>,
-        after: Option<&Event>,
-        enqueued: Option<&Enqueued<'_>>,
-    ) -> Result<Report> {
-        for (_, d) in &mut dsts {
-            d.settle();
-        }
-        let len = range.end - range.start;
-        let n = dsts.len() as u64;
-        let (_owner, mut st) = self.enter(what)?;
-        if let Some(ev) = after {
-            for (i, _) in &dsts {
-                self.streams[*i].wait_event(ev)?;
-            }
-        }
-        let mut verifier = self.verifier(&mut st, len)?;
-        let sink = DevicesSink::new(range.start, dsts, len, enqueued);
-        let (mut report, sink) = self.run(&mut st, file, range.clone(), sink, |()| Ok(()))?;
-        report.bytes = len * n;
-        if let Some(v) = &mut verifier {
-            let mut ok = true;
-            let expected = &file.as_bytes()[range.start as usize..range.end as usize];
-            for (i, d) in &sink.dsts {
-                ok &= v.check(&self.streams[*i], &d.slice(..)?, expected)?;
-            }
-            report.verified = Some(ok);
-        }
-        Ok(report)
-    }
-
-    fn stream_of(&self, d: Device) -> Result<usize> {
-        self.devices.iter().position(|x| *x == d).ok_or_else(|| {
-            Error::invalid(
-                "Streamer",
-                format!("the buffer is on device {}, which this streamer does not use", d.ordinal()),
-            )
-        })
-    }
-
-    fn opts(&self) -> PinOptions {
-        PinOptions { mlock: self.config.mlock, portable: self.portable }
-    }
-
-    fn verifier(&self, st: &mut State, len: u64) -> Result<Option<Verifier>> {
-        if !self.config.verify {
-            return Ok(None);
-        }
-        let bytes = align_up(len.clamp(1, VERIFY_BOUNCE), page_size());
-        self.make_room(st, bytes, false, None);
-        Ok(Some(Verifier::new(&self.config.budget, bytes as usize)?))
-    }
-
-    /// Registrations belong to the calling thread's current device unless portable.
-    fn device_for_registration(&self) -> Result<()> {
-        if !self.portable {
-            self.devices[0].make_current()?;
-        }
-        Ok(())
     }
 }

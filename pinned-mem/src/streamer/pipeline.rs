@@ -8,18 +8,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use wirespeed_cuda::{Device, Event, EventOptions, Stream};
+use wirespeed_cuda::locks::{lock, write};
+use wirespeed_cuda::{DetachedSliceMut, Event};
 
 use super::cache::{State, drop_overlapping};
+use super::checks::check_budget;
 use super::claims::{Claims, Feed};
+use super::config::CopyStreams;
 use super::ctx::{Ctx, TAIL_SPIN, channel, panic_message, wait_tail};
-use super::plan::check_budget;
+use super::lanes::{AgentStreamSet, join_agents};
+use super::report::{Breakdown, Report, WindowContext};
 use super::reserve::{Joining, Running, reserve_agent};
 use super::ring::{AgentLane, Fill, ring_agent};
-use super::sink::Sink;
+use super::shared::Shared;
+use super::sink::{DevicesSink, Enqueued, Sink};
 use super::stats::{PassStats, Step};
 use super::windows::{WindowSrc, window_agent};
-use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock, write};
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 use crate::range::PinnedRange;
@@ -412,65 +416,51 @@ fn run_threads<S: Sink>(
     });
 }
 
-/// Streams (one per device) and events of one ring agent, kept between
-/// transfers: creating them is a fixed cost every pass would pay.
-pub(super) struct AgentStreamSet {
-    pub(super) streams: Vec<Stream>,
-    /// Recorded on `streams` once the agent is done; the streamer's streams wait on them.
-    joined: Vec<Event>,
-}
-
-/// The ring agents' stream sets, and the events that order them after the
-/// streamer's streams at the start of a transfer.
-#[derive(Default)]
-pub(super) struct AgentStreams {
-    pub(super) agents: Vec<AgentStreamSet>,
-    /// Recorded on the streamer's streams at the start; every agent stream waits on them.
-    forked: Vec<Event>,
-}
-
-impl AgentStreams {
-    /// Makes `threads` stream sets ready and orders them after everything
-    /// given to the streamer's `streams` so far (a caller's `after` event,
-    /// earlier transfers), on the device, with no host wait.
-    fn fork(&mut self, devices: &[Device], streams: &[Stream], threads: usize) -> Result<()> {
-        let event = |d: &Device| Event::new(d, EventOptions { timing: false, blocking_sync: false });
-        if self.forked.is_empty() {
-            self.forked = devices.iter().map(event).collect::<wirespeed_cuda::Result<_>>()?;
-        }
-        while self.agents.len() < threads {
-            let streams = devices.iter().map(Stream::new).collect::<wirespeed_cuda::Result<_>>()?;
-            let joined = devices.iter().map(event).collect::<wirespeed_cuda::Result<_>>()?;
-            self.agents.push(AgentStreamSet { streams, joined });
-        }
-        for (i, (main, ev)) in streams.iter().zip(&self.forked).enumerate() {
-            main.record(ev)?;
-            for set in &self.agents[..threads] {
-                if let Some(s) = set.streams.get(i) {
-                    s.wait_event(ev)?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Orders the streamer's `streams` after every copy the agents of `lanes`
-/// enqueued. If that fails, the agents' streams are synchronized instead,
-/// so that nothing waiting on the streamer's streams misses a copy.
-fn join_agents(ctx: &Ctx<'_>, lanes: &[AgentStreamSet], streams: &[Stream]) {
-    for set in lanes {
-        for ((own, ev), main) in set.streams.iter().zip(&set.joined).zip(streams) {
-            if let Err(e) = own.record(ev).and_then(|()| main.wait_event(ev)) {
-                ctx.fail(e.into());
-                if let Err(e) = own.synchronize() {
-                    ctx.fail(e.into());
-                }
-            }
-        }
-    }
-}
-
 /// In the hybrid, the window agent leaves the last this many windows' worth
 /// of the range to the ring agents.
 const HYBRID_LEAVE_WINDOWS: u64 = 2;
+
+impl Shared {
+    /// Moves file bytes `range` into each of `dsts` (stream index, bytes of
+    /// the range's length), taking the streamer for `what`: the run shared by
+    /// [`Streamer::to_device`], [`Streamer::to_devices`] and the worker's
+    /// transfers. `after` is waited for on the destinations' streams before
+    /// the first copy; `enqueued` is called once every copy is enqueued.
+    /// Each destination's earlier detached writers are waited for first,
+    /// before the streamer is taken (one may be a transfer the worker has
+    /// still to run); the destinations are released when it returns.
+    pub(super) fn fill(
+        &self,
+        what: &'static str,
+        file: &Arc<MappedFile>,
+        range: Range<u64>,
+        mut dsts: Vec<(usize, DetachedSliceMut<u8>)>,
+        after: Option<&Event>,
+        enqueued: Option<&Enqueued<'_>>,
+    ) -> Result<Report> {
+        for (_, d) in &mut dsts {
+            d.settle();
+        }
+        let len = range.end - range.start;
+        let n = dsts.len() as u64;
+        let (_owner, mut st) = self.enter(what)?;
+        if let Some(ev) = after {
+            for (i, _) in &dsts {
+                self.streams[*i].wait_event(ev)?;
+            }
+        }
+        let mut verifier = self.verifier(&mut st, len)?;
+        let sink = DevicesSink::new(range.start, dsts, len, enqueued);
+        let (mut report, sink) = self.run(&mut st, file, range.clone(), sink, |()| Ok(()))?;
+        report.bytes = len * n;
+        if let Some(v) = &mut verifier {
+            let mut ok = true;
+            let expected = &file.as_bytes()[range.start as usize..range.end as usize];
+            for (i, d) in &sink.dsts {
+                ok &= v.check(&self.streams[*i], &d.slice(..)?, expected)?;
+            }
+            report.verified = Some(ok);
+        }
+        Ok(report)
+    }
+}

@@ -20,43 +20,14 @@ use std::sync::RwLock;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 
-use super::cache::State;
 use super::claims::Claims;
 use super::ctx::Ctx;
 use super::direct::direct_read;
 use super::sink::Sink;
 use super::stats::Step;
-use super::{Shared, read, write};
 use crate::error::Result;
 use crate::ring::PinnedRing;
-use crate::strategy::Strategy;
-
-impl Shared {
-    /// The streamer's ring of `slots` slots of `slot` bytes: the one it keeps
-    /// if it has that shape, else a new one (the old one given back first,
-    /// then cached registrations as the budget needs), kept in its place.
-    pub(super) fn ring_for(&self, st: &mut State, slots: usize, slot: usize) -> Result<PinnedRing> {
-        if let Some(r) = &st.ring
-            && r.slots() == slots
-            && r.slot_bytes() == slot
-        {
-            return Ok(r.clone());
-        }
-        st.ring = None;
-        // The slots and, at most, a page each of alignment slack (see PinnedRing::new).
-        let most = (slots as u64).saturating_mul((slot as u64).saturating_add(crate::util::page_size() - 1));
-        self.make_room(st, most, true, None);
-        let ring = PinnedRing::new(slots, slot, &self.config.budget)?;
-        st.ring = Some(ring.clone());
-        Ok(ring)
-    }
-
-    /// [`Shared::ring_for`] the shape `strategy` streams through
-    /// ([`Strategy::ring_shape`]); `None` for a strategy without a ring.
-    pub(super) fn ring_of(&self, st: &mut State, strategy: Strategy) -> Result<Option<PinnedRing>> {
-        strategy.ring_shape().map(|(slots, slot)| self.ring_for(st, slots, slot)).transpose()
-    }
-}
+use wirespeed_cuda::locks::{read, write};
 
 /// How a ring agent fills a slot.
 #[derive(Clone, Copy)]

@@ -46,19 +46,15 @@ use std::sync::mpsc::SyncSender;
 
 use wirespeed_cuda::{Event, EventOptions};
 
-use std::sync::Arc;
-
-use wirespeed_cuda::RegistrationContext;
-
 use super::claims::Claims;
 use super::ctx::{Ctx, tail_spin, wait_tail};
 use super::sink::{RangePart, Sink};
 use super::stats::Step;
 use super::stream_set::StreamSet;
 use super::whole::{PIECE, PIECE_IN_FLIGHT};
-use super::{Shared, WindowContext, lock, read, write};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
+use wirespeed_cuda::locks::{lock, read, write};
 
 /// Where the window agent's pinned bytes come from.
 #[derive(Clone, Copy)]
@@ -399,24 +395,4 @@ fn retire(ctx: &Ctx<'_>, w: InFlightWindow, events: &[Vec<Option<Event>>], tail:
         res = res.and(ctx.stats.time(Step::Unregister, || reg.release()));
     }
     res
-}
-
-impl Shared {
-    /// The second context sliding windows are registered in, made on first
-    /// use and kept, with what [`Report::windows`](super::Report::windows)
-    /// says; `None` (the primary context) when the configuration turns it off
-    /// or the context cannot be made, with the reason.
-    pub(super) fn window_context(&self) -> (Option<Arc<RegistrationContext>>, WindowContext) {
-        if !self.config.second_context {
-            let reason = "StreamConfig::second_context is off".to_string();
-            return (None, WindowContext::PrimaryContext { reason });
-        }
-        let made = self
-            .window_context
-            .get_or_init(|| RegistrationContext::new(&self.devices[0]).map(Arc::new).map_err(|e| e.to_string()));
-        match made {
-            Ok(c) => (Some(Arc::clone(c)), WindowContext::SecondContext),
-            Err(reason) => (None, WindowContext::PrimaryContext { reason: reason.clone() }),
-        }
-    }
 }
