@@ -1,14 +1,14 @@
 //! Streaming a file range of any size to one or more GPUs.
 //!
 //! Every transfer splits the range between *agents* that claim parts of it
-//! from a shared cursor pair: the **window agent** (one thread) claims from the
-//! front and makes the bytes pinned in place (a sliding registered window, or a
-//! piece of a cached whole-file registration); **ring agents** (N threads)
-//! claim from the front (ring, direct) or from the back (hybrid), `pread` the
-//! bytes into a pinned ring slot (or read them with `O_DIRECT`), and copy the
-//! slot. In the hybrid both run at once and meet wherever their actual rates
-//! put them, which splits the file in proportion to those rates without
-//! measuring them beforehand.
+//! from a shared cursor pair: one **in-place agent** claims from the front
+//! and makes the bytes pinned in place (a sliding registered window, or a
+//! piece of the whole-file registration the streamer keeps); **ring agents**
+//! (N threads) claim from the front (ring, direct) or from the back (hybrid),
+//! copy the bytes into a pinned ring slot (or read them with `O_DIRECT`), and
+//! copy the slot. In the hybrid both run at once and meet wherever their
+//! actual rates put them, which splits the file in proportion to those rates
+//! without measuring them beforehand.
 //!
 //! By default all copies to one device go to one stream, in enqueue order:
 //! each copy runs whole, one after the other, so a ring slot comes back as
@@ -18,38 +18,42 @@
 //! only after the event recorded after its copies has completed (events are
 //! blocking-sync: waiting sleeps, it does not spin a core).
 //!
-//! Measured on the H200: in the primary context `cudaHostUnregister` waits for
-//! every copy in flight on the device, and registering blocks other threads'
-//! copies; in a second context ([`StreamConfig::second_context`], the
-//! default) neither happens. So windows (and the whole-range registrations
-//! the streamer keeps) are registered there, and a window retires as soon as
-//! its copies are done; in the primary context (the fallback) the window agent
-//! registers windows ahead while earlier ones copy and unregisters them a batch
-//! at a time (one drain per batch, not per window); in the hybrid, ring copies
-//! keep the copy engine busy meanwhile, and the ring takes the end of the
-//! range, where a window would be registered with nothing else left to copy.
+//! In the primary context `cudaHostUnregister` waits for every copy in flight
+//! on the device, and registering blocks other threads' copies; in a second
+//! context ([`StreamConfig::second_context`], the default) neither happens.
+//! So windows (and the whole-range registrations the streamer keeps) are
+//! registered there, and a window retires as soon as its copies are done; in
+//! the primary context (the fallback) the window agent registers windows
+//! ahead while earlier ones copy and unregisters them a batch at a time (one
+//! drain per batch, not per window). In the hybrid, ring copies keep the copy
+//! engine busy meanwhile, and the ring takes the end of the range, where a
+//! window would be registered with nothing else left to copy.
 //!
 //! # Where things are
 //!
+//! From the top down; a file uses only files below it.
+//!
 //! * here: [`Streamer`] and its whole public API (constructor, accessors,
 //!   [`Streamer::resolve`], [`Streamer::release_pins`], the transfers), so
-//!   that its documentation reads in one order; the state it shares with its
-//!   worker thread (`Shared`), which every other file works on;
+//!   that its documentation reads in one order;
+//! * `worker.rs`: the worker thread that runs [`Streamer::start`]'s
+//!   transfers in order; `chain.rs`: transfers queued back to back, run as
+//!   one pass; `transfer.rs`: the [`Transfer`] handle and [`StartOptions`];
+//! * `run.rs`: a transfer's run (plan, prepare, agents, drain, report), and
+//!   `shared.rs`: the state the streamer shares with its worker (`Shared`)
+//!   and what it does around a run (one call at a time, choosing the
+//!   strategy, what it keeps between calls): every method of `Shared` is in
+//!   these two files;
+//! * `agents/`: one file per strategy's agent (`whole.rs`, `windows.rs`,
+//!   `ring.rs`, `direct.rs`, `reserve.rs`);
+//! * `lanes.rs`: the ring agents' own streams ([`CopyStreams`]);
+//! * `ctx.rs`: what the agents of a transfer share (`Ctx`), `claims.rs`: the
+//!   parts of the range they claim (`Claims`), `sink.rs`: where the pieces
+//!   go (destinations, a scratch buffer, chunks), `stream_set.rs`;
+//! * `cache.rs`: what the streamer keeps between calls (registrations, ring),
+//!   `checks.rs`: the checks of a transfer's arguments;
 //! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`]
-//!   and its [`Breakdown`]; `stats.rs`: the counters a pass's agents add to;
-//! * `transfer.rs`: transfers that do not block ([`Streamer::start`]): the
-//!   [`Transfer`] handle, [`StartOptions`], and the worker thread that runs
-//!   them in order;
-//! * `chain.rs`: transfers queued back to back, run as one pass;
-//! * `enter.rs`: one call at a time, none from inside the streamer's callbacks;
-//! * `plan.rs`: the strategy a transfer uses, and the range and budget checks;
-//! * `cache.rs`: what the streamer keeps between calls (registrations, ring);
-//! * `pipeline.rs`: the run every transfer shares (prepare, the agents, drain,
-//!   report), what the agents share (`Ctx`) and the claims they take (`Claims`);
-//! * the agents and what each strategy adds: `windows.rs` (the window agent:
-//!   windows, hybrid, whole file), `whole.rs` (the kept whole-file
-//!   registration), `ring.rs` (the ring and its agents: ring, hybrid, direct),
-//!   `direct.rs` (`O_DIRECT` reads).
+//!   and its [`Breakdown`]; `stats.rs`: the counters a pass's agents add to.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -62,25 +66,21 @@ use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 use crate::strategy::Strategy;
 
+mod agents;
 mod cache;
 mod chain;
 mod checks;
 mod claims;
 mod config;
 mod ctx;
-mod direct;
 mod lanes;
-mod pipeline;
 mod report;
-mod reserve;
-mod ring;
+mod run;
 mod shared;
 mod sink;
 mod stats;
 mod stream_set;
 mod transfer;
-mod whole;
-mod windows;
 mod worker;
 
 pub use config::{CopyStreams, Progress, StreamConfig};
