@@ -8,6 +8,7 @@ use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Instant;
 
 use wirespeed_cuda::locks::{lock, write};
@@ -520,44 +521,7 @@ fn run_threads<S: Sink>(
     std::thread::scope(|s| {
         let (tx, rx) = channel::<S::Msg>(ctx);
         let crew = Crew::new(ctx, claims, sink, tx);
-        let mut handles = Vec::new();
-        match agents.in_place {
-            Some(InPlace::Whole(reg)) => {
-                let crew = crew.clone();
-                handles.push(s.spawn(move || ctx.outcome(whole_agent(crew, reg))));
-            }
-            Some(InPlace::Windows(windows)) => {
-                let crew = crew.clone();
-                handles.push(s.spawn(move || ctx.outcome(window_agent(crew, windows))));
-            }
-            None => {}
-        }
-        if let Some(ring) = agents.ring {
-            // Each thread its own lane; the stream sets shared round-robin.
-            let lane = |k: usize| match lanes.and_then(|l| l.get(k % l.len().max(1))) {
-                Some(set) => Lane::Own { lane: k + 1, streams: &set.streams },
-                None => Lane::Shared,
-            };
-            for k in 0..ring.threads {
-                let (crew, agent) = (crew.clone(), ring.agent(lane(k)));
-                // Counted in before the reserve can look (it stops once none runs).
-                let counted = running.enter();
-                handles.push(s.spawn(move || {
-                    let _counted = counted;
-                    ctx.outcome(ring_agent(crew, agent));
-                }));
-            }
-            for k in ring.threads..ring.threads + ring.reserve.threads {
-                let crew = crew.clone();
-                let agent = ReserveAgent {
-                    ring: ring.agent(lane(k)),
-                    planned: ring.threads,
-                    reserve: ring.reserve,
-                    running: &running,
-                };
-                handles.push(s.spawn(move || ctx.outcome(reserve_agent(crew, agent))));
-            }
-        }
+        let handles = spawn_agents(s, &crew, agents, lanes, &running);
         drop(crew); // the channel closes once every agent has ended
         for msg in rx.iter() {
             if let Err(e) = on_msg(msg) {
@@ -572,4 +536,50 @@ fn run_threads<S: Sink>(
             }
         }
     });
+}
+
+/// Starts a thread for each of `agents` in `scope`, each with a clone of
+/// `crew`; ring agents copy through `lanes` when there are some, and are
+/// counted in `running` for the reserve.
+fn spawn_agents<'s, S: Sink>(
+    scope: &'s Scope<'s, '_>,
+    crew: &Crew<'s, S>,
+    agents: Agents<'s>,
+    lanes: Option<&'s [AgentStreamSet]>,
+    running: &'s Running,
+) -> Vec<ScopedJoinHandle<'s, ()>> {
+    let ctx = crew.ctx;
+    let mut handles = Vec::new();
+    match agents.in_place {
+        Some(InPlace::Whole(reg)) => {
+            let crew = crew.clone();
+            handles.push(scope.spawn(move || ctx.outcome(whole_agent(crew, reg))));
+        }
+        Some(InPlace::Windows(windows)) => {
+            let crew = crew.clone();
+            handles.push(scope.spawn(move || ctx.outcome(window_agent(crew, windows))));
+        }
+        None => {}
+    }
+    let Some(ring) = agents.ring else { return handles };
+    // Each thread its own lane; the stream sets shared round-robin.
+    let lane = |k: usize| match lanes.and_then(|l| l.get(k % l.len().max(1))) {
+        Some(set) => Lane::Own { lane: k + 1, streams: &set.streams },
+        None => Lane::Shared,
+    };
+    for k in 0..ring.threads {
+        let (crew, agent) = (crew.clone(), ring.agent(lane(k)));
+        // Counted in before the reserve can look (it stops once none runs).
+        let counted = running.enter();
+        handles.push(scope.spawn(move || {
+            let _counted = counted;
+            ctx.outcome(ring_agent(crew, agent));
+        }));
+    }
+    for k in ring.threads..ring.threads + ring.reserve.threads {
+        let crew = crew.clone();
+        let agent = ReserveAgent { ring: ring.agent(lane(k)), planned: ring.threads, reserve: ring.reserve, running };
+        handles.push(scope.spawn(move || ctx.outcome(reserve_agent(crew, agent))));
+    }
+    handles
 }
