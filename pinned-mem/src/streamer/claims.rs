@@ -89,10 +89,13 @@ impl Cursors {
 }
 
 impl<'f> Claims<'f> {
+    /// The claims of a pass over `range`, and of the ranges `feed` adds.
     pub(super) fn new(range: Range<u64>, feed: Option<&'f dyn Feed>) -> Claims<'f> {
         Claims { cursor: Mutex::new(Cursors { parts: vec![range], front: 0, back: 0, closed: feed.is_none() }), feed }
     }
 
+    /// The next part from the front, ending on a multiple of `size` (or at
+    /// the range's end); `None` once nothing is left.
     pub(super) fn front(&self, size: u64) -> Option<Range<u64>> {
         self.front_leaving(size, 0)
     }
@@ -116,6 +119,8 @@ impl<'f> Claims<'f> {
         }
     }
 
+    /// The next part from the back, starting on a multiple of `size` (or at
+    /// the range's start); `None` once nothing is left.
     pub(super) fn back(&self, size: u64) -> Option<Range<u64>> {
         let mut g = lock(&self.cursor);
         let c = &mut *g;

@@ -105,18 +105,22 @@ use worker::Worker;
 /// in order (those queued back to back as one pass), blocking calls on the
 /// calling thread in between. Dropping the streamer waits for the transfers it started.
 ///
-/// ```no_run
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+/// # let path = std::env::temp_dir().join(format!("wirespeed-doc-streamer-{}", std::process::id()));
+/// # std::fs::write(&path, vec![7u8; 3 << 20])?;
+/// use wirespeed_cuda::Device;
 /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
-/// use wirespeed_cuda::{Device, DeviceBuffer};
-/// # fn main() -> wirespeed_pinned::Result<()> {
 /// let dev = Device::get(0)?;
 /// // SAFETY: nobody writes or truncates the file while it is mapped.
-/// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+/// let file = unsafe { MappedFile::open(&path) }?;
 /// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
 /// let mut dst = file.device_buffer::<u8>(&dev, 0..file.len())?;
 /// let report = streamer.to_device(&file, 0..file.len(), &mut dst)?;
 /// println!("{report}");
-/// # Ok(()) }
+/// assert_eq!(dst.to_vec()?[12345], 7);
+/// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 pub struct Streamer {
     shared: Arc<Shared>,
@@ -146,11 +150,14 @@ impl Streamer {
     /// A streamer for `devices` (one stream each, non-blocking); more than one
     /// device makes every registration portable.
     ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy, Streamer};
     /// let devices = wirespeed_cuda::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(s.devices(), &devices[..]);
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -162,11 +169,13 @@ impl Streamer {
 
     /// The devices, in the order given.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.devices().len(), 1);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn devices(&self) -> &[Device] {
         &self.shared.devices
@@ -174,11 +183,13 @@ impl Streamer {
 
     /// The stream of each device (copies are enqueued there).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// s.streams()[0].synchronize()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn streams(&self) -> &[Stream] {
         &self.shared.streams
@@ -186,11 +197,13 @@ impl Streamer {
 
     /// The configuration.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.config().strategy, Strategy::Auto);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn config(&self) -> &StreamConfig {
         &self.shared.config
@@ -198,11 +211,15 @@ impl Streamer {
 
     /// Bytes of registrations and ring the streamer keeps between calls.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.kept_pinned_bytes(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// s.prepare(4 << 30)?; // a ring for files of about 4 GiB
+    /// assert!(s.kept_pinned_bytes() > 0);
+    /// # Ok(()) }
     /// ```
     pub fn kept_pinned_bytes(&self) -> u64 {
         match self.shared.state.try_lock() {
@@ -214,11 +231,15 @@ impl Streamer {
     /// Drops the cached registrations and the ring (unregistering and freeing
     /// them, returning their bytes to the budget).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// s.prepare(4 << 30)?;
     /// s.release_pins()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(s.kept_pinned_bytes(), 0);
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -245,12 +266,14 @@ impl Streamer {
     /// which join during a pass once the copy engine shows room
     /// ([`Breakdown::reserve_threads`] says how many did).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
     /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn resolve(&self, file_len: u64) -> Strategy {
         self.shared.resolve(file_len)
@@ -262,10 +285,8 @@ impl Streamer {
     /// ([`StreamConfig::second_context`]). A streamer keeps both, so only its
     /// first transfer pays for them, and this moves that cost to when you
     /// choose (start-up, say, or another thread: a `Streamer` is `Sync`).
-    /// Measured on an H200 host: making the context took 107 ms and allocating
-    /// a 64 MiB ring 34 ms, where the 4 GiB transfer that needed them took
-    /// 91 ms. Returns the plan. Keep one streamer rather than one per file:
-    /// dropping it gives both back (90 ms there).
+    /// Returns the plan. Keep one streamer rather than one per file: dropping
+    /// it gives both back, and the next streamer makes them again.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -351,16 +372,20 @@ impl Streamer {
     /// range's length, each on a device of the streamer): each piece is pinned
     /// or read once and copied to every device.
     ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-to-devices-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![9u8; 1 << 20])?;
+    /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
     /// let devices = wirespeed_cuda::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// let file = unsafe { MappedFile::open(&path) }?;
     /// let mut dsts = devices.iter().map(|d| file.device_buffer::<u8>(d, 0..file.len())).collect::<Result<Vec<_>, _>>()?;
-    /// s.to_devices(&file, 0..file.len(), &mut dsts)?;
-    /// # Ok(()) }
+    /// let report = s.to_devices(&file, 0..file.len(), &mut dsts)?;
+    /// assert_eq!(report.bytes, file.len() * devices.len() as u64);
+    /// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -490,16 +515,21 @@ impl Streamer {
     /// larger than device memory, and benchmarks). With verification every part
     /// is read back right after its copy.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-to-scratch-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![5u8; 3 << 20])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
     /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?; // 68 GB
-    /// let mut scratch = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
-    /// println!("{}", s.to_scratch(&file, 0..file.len(), &mut scratch)?);
-    /// # Ok(()) }
+    /// let file = unsafe { MappedFile::open(&path) }?; // 3 MiB, larger than the scratch
+    /// let mut scratch = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+    /// let report = s.to_scratch(&file, 0..file.len(), &mut scratch)?;
+    /// assert_eq!(report.bytes, 3 << 20);
+    /// println!("{report}");
+    /// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -539,20 +569,27 @@ impl Streamer {
     /// API on other streams; work on other streams through raw pointers must be
     /// synchronized by `f`.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-for-each-chunk-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![1u8; (4 << 20) + 100])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
     /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
-    /// let mut sum = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 64 << 20)?;
-    /// s.for_each_chunk(&file, 0..file.len(), 64 << 20, |stream, chunk, offset, len| {
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let mut seen = Vec::new();
+    /// s.for_each_chunk(&file, 0..file.len(), 1 << 20, |stream, chunk, offset, len| {
     ///     // e.g. launch a kernel on `stream` reading chunk[..len]
-    ///     let _ = (stream, chunk, offset, len);
+    ///     let _ = (stream, chunk);
+    ///     seen.push((offset, len));
     ///     Ok(())
     /// })?;
-    /// # Ok(()) }
+    /// seen.sort();
+    /// assert_eq!(seen.len(), 5); // four chunks of 1 MiB, and the last 100 bytes
+    /// assert_eq!(seen[4], (4 << 20, 100));
+    /// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors

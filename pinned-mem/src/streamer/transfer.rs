@@ -1,12 +1,10 @@
 //! Transfers that do not block: [`Streamer::start`](super::Streamer::start)
 //! queues a [`Job`] for the streamer's worker thread and returns a
-//! [`Transfer`] at once. The worker runs the jobs in order, through the same
-//! run as the blocking calls (`Shared::fill`), or, where they can be, as one
-//! pass that takes each queued job up as it goes (`chain.rs`), and tells the
-//! handle, through a [`TransferState`], when every copy is enqueued (with an
-//! event recorded after the last one: [`Transfer::then_on`]) and when the
-//! transfer has ended (its [`Report`] or error: [`Transfer::wait`], polling,
-//! `.await`).
+//! [`Transfer`] at once. The worker (`worker.rs`) runs the jobs in order,
+//! and tells the handle, through a [`TransferState`], when every copy is
+//! enqueued (with an event recorded after the last one:
+//! [`Transfer::then_on`]) and when the transfer has ended (its [`Report`] or
+//! error: [`Transfer::wait`], polling, `.await`).
 //!
 //! Soundness does not depend on the handle: the job owns the destination as a
 //! [`DetachedSliceMut`], whose hold makes the destination's owner wait (to
