@@ -134,12 +134,19 @@ impl Shared {
         let clock = Clock::start(&self.config.budget);
         let stats = Arc::new(PassStats::default());
         // Prepare.
-        let (strategy, held) = self.prepare_pass(st, file, &range, strategy, &stats)?;
+        let (strategy, held) = match self.prepare(st, file, &range, strategy, &stats) {
+            Err(Error::Overlap { .. }) if strategy == Strategy::WholeFile => {
+                let windows = self.windows_around_overlap();
+                (windows, self.prepare(st, file, &range, windows, &stats)?)
+            }
+            other => (strategy, other?),
+        };
         // The agents.
         let (mut ctx, windows) = self.ctx(file, len, strategy, stats);
         let agents = Agents::of(strategy, held.whole.and_then(|i| st.cache.get(i)), &held, self.reserve(strategy));
         // Only windows and the ring take ranges added to a running pass.
-        let claims = Claims::new(range, feed.filter(|_| agents.take_feed(strategy)));
+        let fed = matches!(strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. });
+        let claims = Claims::new(range, feed.filter(|_| fed));
         sink.begin(strategy, &windows, &ctx.stats);
         let mut sink = RwLock::new(sink);
         self.run_agents(&mut ctx, &claims, agents, &mut sink, on_msg);
@@ -148,38 +155,22 @@ impl Shared {
         clock.report(&ctx, strategy, windows, sink)
     }
 
-    /// Makes ready what `strategy` pins, within the budget, before any copy
-    /// ([`Shared::prepare`]); answers the strategy that runs, and what it holds.
-    fn prepare_pass(
-        &self,
-        st: &mut State,
-        file: &Arc<MappedFile>,
-        range: &Range<u64>,
-        strategy: Strategy,
-        stats: &PassStats,
-    ) -> Result<(Strategy, Prepared)> {
-        self.check_fits(st, file, range, strategy)?;
-        match self.prepare(st, file, range, strategy, stats) {
-            // Someone else (the caller's own `PinnedRange`, say) holds a
-            // registration across the range's edge: one registration of the
-            // range cannot be made, so this pass runs as sliding windows, cut
-            // at that registration's edges and sharing it inside. The report
-            // says what ran.
-            Err(Error::Overlap { .. }) if strategy == Strategy::WholeFile => {
-                let page = page_size();
-                let window = (self.config.budget.available() / 2 / page * page).clamp(page, 256 << 20) as usize;
-                let windows = Strategy::Windows { window, in_flight: 2 };
-                self.check_fits(st, file, range, windows)?;
-                Ok((windows, self.prepare(st, file, range, windows, stats)?))
-            }
-            other => Ok((strategy, other?)),
-        }
+    /// The strategy a pass runs in place of [`Strategy::WholeFile`] when
+    /// someone else (the caller's own `PinnedRange`, say) holds a
+    /// registration across the range's edge: one registration of the range
+    /// cannot be made, so the pass runs as sliding windows, cut at that
+    /// registration's edges and sharing it inside. The report says what ran.
+    fn windows_around_overlap(&self) -> Strategy {
+        let page = page_size();
+        let window = (self.config.budget.available() / 2 / page * page).clamp(page, 256 << 20) as usize;
+        Strategy::Windows { window, in_flight: 2 }
     }
 
-    /// Makes ready what `strategy` pins (once [`Shared::check_fits`] passed):
-    /// gives back the streamer's registrations that would overlap this pass's
-    /// windows, then makes (or reuses) the whole-file registration or the ring,
-    /// opens the `O_DIRECT` descriptor, or makes room for the windows.
+    /// Makes ready what `strategy` pins, within the budget, before any copy:
+    /// refuses what cannot fit ([`Shared::check_fits`]), gives back the
+    /// streamer's registrations that would overlap this pass's windows, then
+    /// makes (or reuses) the whole-file registration or the ring, opens the
+    /// `O_DIRECT` descriptor, or makes room for the windows.
     fn prepare(
         &self,
         st: &mut State,
@@ -188,6 +179,7 @@ impl Shared {
         strategy: Strategy,
         stats: &PassStats,
     ) -> Result<Prepared> {
+        self.check_fits(st, file, range, strategy)?;
         let budget = &self.config.budget;
         if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
             drop_overlapping(st, file, range);
@@ -485,12 +477,6 @@ impl<'a> Agents<'a> {
             _ => None,
         };
         Agents { in_place, ring }
-    }
-
-    /// Whether a pass of `strategy` takes ranges added while it runs: one
-    /// that streams through windows or the ring does.
-    fn take_feed(&self, strategy: Strategy) -> bool {
-        matches!(strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. })
     }
 }
 
