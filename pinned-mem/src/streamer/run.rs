@@ -353,6 +353,7 @@ struct Clock {
 }
 
 impl Clock {
+    /// Starts the clocks, and the watch of the budget's peak, now.
     fn start(budget: &PinBudget) -> Clock {
         Clock { watch: budget.watch(), t0: Instant::now(), cpu0: process_cpu_seconds() }
     }
