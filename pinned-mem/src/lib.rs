@@ -94,7 +94,6 @@ mod range;
 mod registry;
 mod ring;
 mod shuffle;
-mod sink;
 mod strategy;
 mod streamer;
 mod util;

@@ -1,11 +1,11 @@
 //! What the streamer keeps between calls: its whole-file registrations (least
 //! recently used first) and its ring, how much they pin, finding and dropping
-//! cached registrations, and giving them back to make room in the budget.
+//! cached registrations (`Shared::make_room` gives them back to make room
+//! in the budget).
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::Shared;
 use crate::mapping::MappedFile;
 use crate::range::PinnedRange;
 use crate::ring::PinnedRing;
@@ -16,25 +16,6 @@ pub(super) struct State {
     /// Whole-file registrations, least recently used first.
     pub(super) cache: Vec<PinnedRange>,
     pub(super) ring: Option<PinnedRing>,
-}
-
-impl Shared {
-    /// Gives back cached registrations (least recently used first) and then
-    /// the ring until `need` bytes are available, keeping what is asked.
-    pub(super) fn make_room(&self, st: &mut State, need: u64, keep_ring: bool, keep_cache: Option<usize>) {
-        let budget = &self.config.budget;
-        let mut i = 0;
-        while budget.available() < need && i < st.cache.len() {
-            if Some(i) == keep_cache {
-                i += 1;
-                continue;
-            }
-            drop(st.cache.remove(i));
-        }
-        if budget.available() < need && !keep_ring {
-            st.ring = None;
-        }
-    }
 }
 
 pub(super) fn kept(st: &State) -> u64 {

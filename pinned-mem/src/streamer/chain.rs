@@ -28,16 +28,21 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use wirespeed_cuda::locks::lock;
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
-use super::pipeline::{Feed, TAIL_SPIN, wait_tail};
+use super::claims::Feed;
+use super::config::{CopyStreams, StreamConfig};
+use super::ctx::{TAIL_SPIN, wait_tail};
+use super::report::{Breakdown, Report, WindowContext};
+use super::shared::Shared;
+use super::sink::{Sink, Slicer};
 use super::stats::PassStats;
+use super::stream_set::StreamSet;
 use super::transfer::{Job, TransferState};
-use super::{Breakdown, CopyStreams, Report, Shared, WindowContext, lock};
 use crate::budget::PeakWatch;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
-use crate::sink::{Sink, Slicer, StreamMask};
 use crate::strategy::Strategy;
 use crate::util::process_cpu_seconds;
 
@@ -167,9 +172,9 @@ impl Sink for ChainSink<'_, '_> {
     type Msg = Landed;
     const SILENT: bool = false;
 
-    fn streams_for(&self, off: u64, _len: u64) -> StreamMask {
+    fn streams_for(&self, off: u64, _len: u64) -> StreamSet {
         let segments = lock(&self.chain.segments);
-        find(&segments, off).map_or(0, |i| 1 << segments[i].stream)
+        find(&segments, off).map_or(StreamSet::EMPTY, |i| StreamSet::one(segments[i].stream))
     }
 
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, out: &mut Vec<Landed>) -> Result<()> {
@@ -201,106 +206,103 @@ impl Sink for ChainSink<'_, '_> {
     }
 }
 
-impl Shared {
-    /// Whether `job` runs as the first transfer of a chained pass: when its
-    /// strategy streams through windows or the ring (`Auto` does for a range
-    /// larger than the budget, unless cold), and not with what needs a pass
-    /// to itself (verifying, a progress callback counting one range) or with
-    /// copy streams per agent.
-    pub(super) fn chains(&self, job: &Job) -> bool {
-        let c = &self.config;
-        let streams = matches!(c.strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. })
-            || (c.strategy == Strategy::Auto && job.range.end - job.range.start > c.budget.limit());
-        streams && !c.verify && c.progress.is_none() && c.copy_streams == CopyStreams::One
-    }
+/// Whether `job` runs as the first transfer of a chained pass: when its
+/// strategy streams through windows or the ring (`Auto` does for a range
+/// larger than the budget, unless cold), and not with what needs a pass
+/// to itself (verifying, a progress callback counting one range) or with
+/// copy streams per agent.
+pub(super) fn chains(c: &StreamConfig, job: &Job) -> bool {
+    let streams = matches!(c.strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. })
+        || (c.strategy == Strategy::Auto && job.range.end - job.range.start > c.budget.limit());
+    streams && !c.verify && c.progress.is_none() && c.copy_streams == CopyStreams::One
+}
 
-    /// Runs `job` as the first transfer of a pass that takes the transfers
-    /// queued behind it from `queue` as it goes; answers the jobs to run next
-    /// (taken from the queue but not run), in order.
-    pub(super) fn run_chain(&self, job: Job, queue: &Mutex<Receiver<Job>>) -> Vec<Job> {
-        let mut job = job;
-        job.dst.settle();
-        let chain = Chain {
-            file: Arc::clone(&job.file),
-            queue,
-            budget: &self.config.budget,
-            segments: Mutex::new(Vec::new()),
-            leftover: Mutex::new(None),
-            pass: OnceLock::new(),
-        };
-        let range = job.range.clone();
-        let after = job.after.take();
-        lock(&chain.segments).push(Segment::new(job, false, &self.config.budget, (0, Breakdown::default())));
-        let res = self.chain_pass(&chain, range, after.as_ref());
-        drop(after);
+/// Runs `job` as the first transfer of a pass that takes the transfers
+/// queued behind it from `queue` as it goes; answers the jobs to run next
+/// (taken from the queue but not run), in order.
+pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<Receiver<Job>>) -> Vec<Job> {
+    let mut job = job;
+    job.dst.settle();
+    let chain = Chain {
+        file: Arc::clone(&job.file),
+        queue,
+        budget: &shared.config.budget,
+        segments: Mutex::new(Vec::new()),
+        leftover: Mutex::new(None),
+        pass: OnceLock::new(),
+    };
+    let range = job.range.clone();
+    let after = job.after.take();
+    lock(&chain.segments).push(Segment::new(job, false, &shared.config.budget, (0, Breakdown::default())));
+    let res = chain_pass(shared, &chain, range, after.as_ref());
+    drop(after);
 
-        let mut segments = std::mem::take(&mut *lock(&chain.segments));
-        let mut next = Vec::new();
-        let mut err = res.err();
-        for seg in &mut segments {
-            if seg.finished {
-                continue;
+    let mut segments = std::mem::take(&mut *lock(&chain.segments));
+    let mut next = Vec::new();
+    let mut err = res.err();
+    for seg in &mut segments {
+        if seg.finished {
+            continue;
+        }
+        let untouched = seg.left == seg.range.end - seg.range.start;
+        match (seg.dst.take(), err.take()) {
+            // Not written to: it runs again on its own.
+            (Some(dst), e) if untouched && seg.chained => {
+                err = e;
+                seg.finished = true;
+                let (file, range, stream) = (Arc::clone(&chain.file), seg.range.clone(), seg.stream);
+                next.push(Job { file, range, dst, stream, after: None, state: Arc::clone(&seg.state) });
             }
-            let untouched = seg.left == seg.range.end - seg.range.start;
-            match (seg.dst.take(), err.take()) {
-                // Not written to: it runs again on its own.
-                (Some(dst), e) if untouched && seg.chained => {
-                    err = e;
-                    seg.finished = true;
-                    let (file, range, stream) = (Arc::clone(&chain.file), seg.range.clone(), seg.stream);
-                    next.push(Job { file, range, dst, stream, after: None, state: Arc::clone(&seg.state) });
-                }
-                (_, Some(e)) => {
-                    let message = e.to_string();
-                    seg.finish(Err(e));
-                    err = Some(Error::TransferFailed {
-                        message: format!("an earlier transfer of its pass failed: {message}"),
-                    });
-                }
-                (_, None) => {
-                    let message = "its pass ended before its copies were".to_string();
-                    seg.finish(Err(Error::TransferFailed { message }));
-                }
+            (_, Some(e)) => {
+                let message = e.to_string();
+                seg.finish(Err(e));
+                err = Some(Error::TransferFailed {
+                    message: format!("an earlier transfer of its pass failed: {message}"),
+                });
+            }
+            (_, None) => {
+                let message = "its pass ended before its copies were".to_string();
+                seg.finish(Err(Error::TransferFailed { message }));
             }
         }
-        next.extend(lock(&chain.leftover).take());
-        next
     }
+    next.extend(lock(&chain.leftover).take());
+    next
+}
 
-    /// The pass: the first transfer's checks and ordering, then the run, fed
-    /// by `chain`, reporting each transfer as its copies complete.
-    fn chain_pass(&self, chain: &Chain<'_>, range: Range<u64>, after: Option<&Event>) -> Result<()> {
-        let (_owner, mut st) = self.enter("Streamer::start")?;
-        let stream = lock(&chain.segments).first().map(|s| s.stream).unwrap_or(0);
-        if let Some(ev) = after {
-            self.streams.get(stream).ok_or_else(|| Error::invalid("chain", "no stream"))?.wait_event(ev)?;
-        }
-        let sink = ChainSink { chain };
-        let on_landed = |Landed { index, event }: Landed| -> Result<()> {
-            wait_tail(&event, TAIL_SPIN)?;
-            let (strategy, windows) = match chain.pass.get() {
-                Some((s, w, _)) => (*s, w.clone()),
-                None => return Err(Error::invalid("chain", "a transfer landed before its pass began")),
-            };
-            let (registrations, stats) = chain.counts();
-            let mut segments = lock(&chain.segments);
-            let seg = segments.get_mut(index).ok_or_else(|| Error::invalid("chain", "no such transfer"))?;
-            let report = Report {
-                strategy,
-                bytes: seg.range.end - seg.range.start,
-                seconds: seg.t0.elapsed().as_secs_f64(),
-                cpu_seconds: (process_cpu_seconds() - seg.cpu0).max(0.0),
-                peak_pinned: seg.watch.peak(),
-                registrations: registrations.saturating_sub(seg.registrations0),
-                verified: None,
-                windows,
-                chained: seg.chained,
-                breakdown: stats.since(&seg.stats0),
-            };
-            seg.finish(Ok(report));
-            Ok(())
+/// The pass: the first transfer's checks and ordering, then the run, fed
+/// by `chain`, reporting each transfer as its copies complete.
+fn chain_pass(shared: &Shared, chain: &Chain<'_>, range: Range<u64>, after: Option<&Event>) -> Result<()> {
+    let (_owner, mut st) = shared.enter("Streamer::start")?;
+    let stream = lock(&chain.segments).first().map(|s| s.stream).unwrap_or(0);
+    if let Some(ev) = after {
+        shared.streams.get(stream).ok_or_else(|| Error::invalid("chain", "no stream"))?.wait_event(ev)?;
+    }
+    let sink = ChainSink { chain };
+    let on_landed = |Landed { index, event }: Landed| -> Result<()> {
+        wait_tail(&event, TAIL_SPIN)?;
+        let (strategy, windows) = match chain.pass.get() {
+            Some((s, w, _)) => (*s, w.clone()),
+            None => return Err(Error::invalid("chain", "a transfer landed before its pass began")),
         };
-        self.run_fed(&mut st, &Arc::clone(&chain.file), range, sink, on_landed, Some(chain))?;
+        let (registrations, stats) = chain.counts();
+        let mut segments = lock(&chain.segments);
+        let seg = segments.get_mut(index).ok_or_else(|| Error::invalid("chain", "no such transfer"))?;
+        let report = Report {
+            strategy,
+            bytes: seg.range.end - seg.range.start,
+            seconds: seg.t0.elapsed().as_secs_f64(),
+            cpu_seconds: (process_cpu_seconds() - seg.cpu0).max(0.0),
+            peak_pinned: seg.watch.peak(),
+            registrations: registrations.saturating_sub(seg.registrations0),
+            verified: None,
+            windows,
+            chained: seg.chained,
+            breakdown: stats.since(&seg.stats0),
+        };
+        seg.finish(Ok(report));
         Ok(())
-    }
+    };
+    shared.run_fed(&mut st, &Arc::clone(&chain.file), range, sink, on_landed, Some(chain))?;
+    Ok(())
 }

@@ -49,8 +49,10 @@ pub struct StreamConfig {
     pub copy_streams: CopyStreams,
     /// Ring threads that [`Strategy::Auto`]'s hybrid keeps in reserve (default
     /// 1; 0 turns them off). A reserve thread watches the pass and joins the
-    /// ring once the copy engine shows room: over the last 10 ms the ring's
-    /// threads waited for free slots less than a tenth of their time. That
+    /// ring once the copy engine shows room: over the span of its last look
+    /// (it looks again and again while the pass runs) the ring's threads
+    /// waited for free slots less than [`StreamConfig::reserve_room`] of
+    /// their time. That
     /// happens where the window thread registers slowly (the driver registers
     /// one call at a time for the whole device), and there one more thread
     /// filling slots carries bytes the copy engine had room for, at the
@@ -62,11 +64,13 @@ pub struct StreamConfig {
     /// [`Breakdown::reserve_threads`]: super::Breakdown::reserve_threads
     pub reserve_threads: usize,
     /// The share of their time the ring's threads may have spent waiting
-    /// for free slots over the last 10 ms for a reserve thread to join
-    /// (default 0.10; see [`StreamConfig::reserve_threads`]). Measured on an
-    /// H200 host: 0.01-0.08 where the hybrid stayed below 0.90 of the line
-    /// rate, 0.13-0.15 where it reached it. 0 keeps the reserve asleep; 1 or
-    /// more lets it join at its first look.
+    /// for free slots over a reserve thread's last look for it to join
+    /// (default 0.10; see [`StreamConfig::reserve_threads`]). Lower keeps
+    /// the reserve asleep on more machines, higher lets it join on more: 0
+    /// keeps it asleep; 1 or more lets it join at its first look. The share
+    /// a whole pass saw is its
+    /// [`Breakdown::slot_wait_seconds`](super::Breakdown::slot_wait_seconds)
+    /// over its ring threads' time.
     pub reserve_room: f64,
 }
 
@@ -185,11 +189,9 @@ impl StreamConfig {
 /// every copy, and chunked passes (`for_each_chunk`, `to_scratch`) always use
 /// the streamer's stream.
 ///
-/// Measured on an H200 host (4 GiB page-cached file, 512 MiB budget, and
-/// 40 GiB with 4 GiB): one stream was as fast as a stream per thread for the
-/// hybrid and faster for the ring alone (8 threads: 0.93 of the line rate
-/// against 0.89; 6 threads: 0.83 against 0.76): on one stream the copies run
-/// whole, one after the other, so each slot comes back as early as it can.
+/// One stream is the default: there the copies run whole, one after the
+/// other, so each ring slot comes back as early as it can. Streams of their
+/// own let the ring threads' copies overlap each other's and the windows'.
 ///
 /// ```
 /// use wirespeed_pinned::{CopyStreams, StreamConfig};

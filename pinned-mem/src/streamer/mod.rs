@@ -1,14 +1,14 @@
 //! Streaming a file range of any size to one or more GPUs.
 //!
 //! Every transfer splits the range between *agents* that claim parts of it
-//! from a shared cursor pair: the **window agent** (one thread) claims from the
-//! front and makes the bytes pinned in place (a sliding registered window, or a
-//! piece of a cached whole-file registration); **ring agents** (N threads)
-//! claim from the front (ring, direct) or from the back (hybrid), `pread` the
-//! bytes into a pinned ring slot (or read them with `O_DIRECT`), and copy the
-//! slot. In the hybrid both run at once and meet wherever their actual rates
-//! put them, which splits the file in proportion to those rates without
-//! measuring them beforehand.
+//! from a shared cursor pair: one **in-place agent** claims from the front
+//! and makes the bytes pinned in place (a sliding registered window, or a
+//! piece of the whole-file registration the streamer keeps); **ring agents**
+//! (N threads) claim from the front (ring, direct) or from the back (hybrid),
+//! copy the bytes into a pinned ring slot (or read them with `O_DIRECT`), and
+//! copy the slot. In the hybrid both run at once and meet wherever their
+//! actual rates put them, which splits the file in proportion to those rates
+//! without measuring them beforehand.
 //!
 //! By default all copies to one device go to one stream, in enqueue order:
 //! each copy runs whole, one after the other, so a ring slot comes back as
@@ -18,82 +18,81 @@
 //! only after the event recorded after its copies has completed (events are
 //! blocking-sync: waiting sleeps, it does not spin a core).
 //!
-//! Measured on the H200: in the primary context `cudaHostUnregister` waits for
-//! every copy in flight on the device, and registering blocks other threads'
-//! copies; in a second context ([`StreamConfig::second_context`], the
-//! default) neither happens. So windows (and the whole-range registrations
-//! the streamer keeps) are registered there, and a window retires as soon as
-//! its copies are done; in the primary context (the fallback) the window agent
-//! registers windows ahead while earlier ones copy and unregisters them a batch
-//! at a time (one drain per batch, not per window); in the hybrid, ring copies
-//! keep the copy engine busy meanwhile, and the ring takes the end of the
-//! range, where a window would be registered with nothing else left to copy.
+//! In the primary context `cudaHostUnregister` waits for every copy in flight
+//! on the device, and registering blocks other threads' copies; in a second
+//! context ([`StreamConfig::second_context`], the default) neither happens.
+//! So windows (and the whole-range registrations the streamer keeps) are
+//! registered there, and a window retires as soon as its copies are done; in
+//! the primary context (the fallback) the window agent registers windows
+//! ahead while earlier ones copy and unregisters them a batch at a time (one
+//! drain per batch, not per window). In the hybrid, ring copies keep the copy
+//! engine busy meanwhile, and the ring takes the end of the range, where a
+//! window would be registered with nothing else left to copy.
 //!
 //! # Where things are
 //!
+//! From the top down; a file uses only files below it.
+//!
 //! * here: [`Streamer`] and its whole public API (constructor, accessors,
 //!   [`Streamer::resolve`], [`Streamer::release_pins`], the transfers), so
-//!   that its documentation reads in one order; the state it shares with its
-//!   worker thread (`Shared`), which every other file works on;
+//!   that its documentation reads in one order;
+//! * `worker.rs`: the worker thread that runs [`Streamer::start`]'s
+//!   transfers in order; `chain.rs`: transfers queued back to back, run as
+//!   one pass; `transfer.rs`: the [`Transfer`] handle and [`StartOptions`];
+//! * `run.rs`: a transfer's run (plan, prepare, agents, drain, report), and
+//!   `shared.rs`: the state the streamer shares with its worker (`Shared`)
+//!   and what it does around a run (one call at a time, choosing the
+//!   strategy, what it keeps between calls): every method of `Shared` is in
+//!   these two files;
+//! * `agents/`: one file per strategy's agent (`whole.rs`, `windows.rs`,
+//!   `ring.rs`, `direct.rs`, `reserve.rs`);
+//! * `lanes.rs`: the ring agents' own streams ([`CopyStreams`]);
+//! * `ctx.rs`: what the agents of a transfer share (`Ctx`), `claims.rs`: the
+//!   parts of the range they claim (`Claims`), `sink.rs`: where the pieces
+//!   go (destinations, a scratch buffer, chunks), `stream_set.rs`;
+//! * `cache.rs`: what the streamer keeps between calls (registrations, ring),
+//!   `checks.rs`: the checks of a transfer's arguments;
 //! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`]
-//!   and its [`Breakdown`]; `stats.rs`: the counters a pass's agents add to;
-//! * `transfer.rs`: transfers that do not block ([`Streamer::start`]): the
-//!   [`Transfer`] handle, [`StartOptions`], and the worker thread that runs
-//!   them in order;
-//! * `chain.rs`: transfers queued back to back, run as one pass;
-//! * `enter.rs`: one call at a time, none from inside the streamer's callbacks;
-//! * `plan.rs`: the strategy a transfer uses, and the range and budget checks;
-//! * `cache.rs`: what the streamer keeps between calls (registrations, ring);
-//! * `pipeline.rs`: the run every transfer shares (prepare, the agents, drain,
-//!   report), what the agents share (`Ctx`) and the claims they take (`Claims`);
-//! * the agents and what each strategy adds: `windows.rs` (the window agent:
-//!   windows, hybrid, whole file), `whole.rs` (the kept whole-file
-//!   registration), `ring.rs` (the ring and its agents: ring, hybrid, direct),
-//!   `direct.rs` (`O_DIRECT` reads).
+//!   and its [`Breakdown`]; `stats.rs`: the counters a pass's agents add to.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
 
-use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, Pod, Stream};
+use wirespeed_cuda::locks::lock;
+use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut, Pod, Stream};
 
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
-use crate::range::PinOptions;
-use crate::sink::{Chunk, ChunkPool, ChunkSink, DevicesSink, Enqueued, ScratchSink, Verifier};
-use crate::strategy::{Strategy, plan};
-use crate::util::{align_up, cpus, page_size};
+use crate::strategy::Strategy;
 
+mod agents;
 mod cache;
 mod chain;
+mod checks;
+mod claims;
 mod config;
-mod direct;
-mod enter;
-mod pipeline;
-mod plan;
+mod ctx;
+mod lanes;
 mod report;
-mod reserve;
-mod ring;
+mod run;
+mod shared;
+mod sink;
 mod stats;
+mod stream_set;
 mod transfer;
-mod whole;
-mod windows;
-
-use cache::{State, kept};
-use plan::check_range;
+mod worker;
 
 pub use config::{CopyStreams, Progress, StreamConfig};
 pub use report::{Breakdown, Report, WindowContext};
-pub(crate) use stats::PassStats;
 pub use transfer::{StartOptions, Transfer};
 
-use transfer::{Job, TransferState, Worker};
-
-use wirespeed_cuda::locks::{lock, read, write};
-
-/// The pinned bounce buffer of verification.
-const VERIFY_BOUNCE: u64 = 1 << 20;
+use cache::kept;
+use checks::{bytes_of_range, check_range};
+use shared::Shared;
+use sink::{Chunk, ChunkPool, ChunkSink, ScratchSink};
+use transfer::{Job, TransferState};
+use worker::Worker;
 
 /// Moves byte ranges of mapped files to device memory on one or more GPUs,
 /// choosing (or being told) a strategy from the pin budget and the file.
@@ -106,45 +105,27 @@ const VERIFY_BOUNCE: u64 = 1 << 20;
 /// in order (those queued back to back as one pass), blocking calls on the
 /// calling thread in between. Dropping the streamer waits for the transfers it started.
 ///
-/// ```no_run
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+/// # let path = std::env::temp_dir().join(format!("wirespeed-doc-streamer-{}", std::process::id()));
+/// # std::fs::write(&path, vec![7u8; 3 << 20])?;
+/// use wirespeed_cuda::Device;
 /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
-/// use wirespeed_cuda::{Device, DeviceBuffer};
-/// # fn main() -> wirespeed_pinned::Result<()> {
 /// let dev = Device::get(0)?;
 /// // SAFETY: nobody writes or truncates the file while it is mapped.
-/// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+/// let file = unsafe { MappedFile::open(&path) }?;
 /// let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
 /// let mut dst = file.device_buffer::<u8>(&dev, 0..file.len())?;
 /// let report = streamer.to_device(&file, 0..file.len(), &mut dst)?;
 /// println!("{report}");
-/// # Ok(()) }
+/// assert_eq!(dst.to_vec()?[12345], 7);
+/// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 pub struct Streamer {
     shared: Arc<Shared>,
     /// The thread that runs [`Streamer::start`]'s transfers, once there was one.
     worker: Mutex<Option<Worker>>,
-}
-
-/// What a [`Streamer`] shares with its worker thread: everything but the
-/// worker itself. The transfers' internals (the other files of this folder)
-/// work on it.
-pub(super) struct Shared {
-    devices: Vec<Device>,
-    streams: Vec<Stream>,
-    done_events: Vec<Event>,
-    /// Events of the window agent, per stream, kept between passes (creating
-    /// them is a fixed cost every pass would pay).
-    window_events: Mutex<Vec<Vec<Event>>>,
-    /// The ring agents' own streams and events, kept between transfers
-    /// (see [`StreamConfig::copy_streams`]).
-    agent_streams: Mutex<pipeline::AgentStreams>,
-    config: StreamConfig,
-    portable: bool,
-    owner: Mutex<Option<ThreadId>>,
-    state: Mutex<State>,
-    /// The second context windows are registered in, made at the first
-    /// transfer that registers windows (or why there is none).
-    window_context: std::sync::OnceLock<std::result::Result<Arc<wirespeed_cuda::RegistrationContext>, String>>,
 }
 
 impl std::fmt::Debug for Streamer {
@@ -169,54 +150,32 @@ impl Streamer {
     /// A streamer for `devices` (one stream each, non-blocking); more than one
     /// device makes every registration portable.
     ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy, Streamer};
     /// let devices = wirespeed_cuda::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(s.devices(), &devices[..]);
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for no device, a repeated one, more than 64,
     /// or a bad strategy; CUDA's error creating streams and events.
     pub fn new(devices: &[Device], config: StreamConfig) -> Result<Streamer> {
-        if devices.is_empty() || devices.len() > 64 {
-            return Err(Error::invalid("Streamer::new", format!("{} devices: give 1 to 64", devices.len())));
-        }
-        for (i, d) in devices.iter().enumerate() {
-            if devices[..i].contains(d) {
-                return Err(Error::invalid("Streamer::new", format!("device {} is given twice", d.ordinal())));
-            }
-        }
-        config.strategy.normalized()?;
-        let mut streams = Vec::with_capacity(devices.len());
-        let mut done_events = Vec::with_capacity(devices.len());
-        for d in devices {
-            streams.push(Stream::new(d)?);
-            done_events.push(Event::new(d, EventOptions { timing: false, blocking_sync: true })?);
-        }
-        let shared = Shared {
-            devices: devices.to_vec(),
-            window_events: Mutex::new(streams.iter().map(|_| Vec::new()).collect()),
-            agent_streams: Mutex::new(pipeline::AgentStreams::default()),
-            streams,
-            done_events,
-            portable: devices.len() > 1,
-            config,
-            owner: Mutex::new(None),
-            state: Mutex::new(State::default()),
-            window_context: std::sync::OnceLock::new(),
-        };
-        Ok(Streamer { shared: Arc::new(shared), worker: Mutex::new(None) })
+        Ok(Streamer { shared: Arc::new(Shared::new(devices, config)?), worker: Mutex::new(None) })
     }
 
     /// The devices, in the order given.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.devices().len(), 1);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn devices(&self) -> &[Device] {
         &self.shared.devices
@@ -224,11 +183,13 @@ impl Streamer {
 
     /// The stream of each device (copies are enqueued there).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// s.streams()[0].synchronize()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn streams(&self) -> &[Stream] {
         &self.shared.streams
@@ -236,11 +197,13 @@ impl Streamer {
 
     /// The configuration.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.config().strategy, Strategy::Auto);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn config(&self) -> &StreamConfig {
         &self.shared.config
@@ -248,11 +211,15 @@ impl Streamer {
 
     /// Bytes of registrations and ring the streamer keeps between calls.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.kept_pinned_bytes(), 0);
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// s.prepare(4 << 30)?; // a ring for files of about 4 GiB
+    /// assert!(s.kept_pinned_bytes() > 0);
+    /// # Ok(()) }
     /// ```
     pub fn kept_pinned_bytes(&self) -> u64 {
         match self.shared.state.try_lock() {
@@ -264,11 +231,15 @@ impl Streamer {
     /// Drops the cached registrations and the ring (unregistering and freeing
     /// them, returning their bytes to the budget).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// s.prepare(4 << 30)?;
     /// s.release_pins()?;
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// assert_eq!(s.kept_pinned_bytes(), 0);
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -295,25 +266,17 @@ impl Streamer {
     /// which join during a pass once the copy engine shows room
     /// ([`Breakdown::reserve_threads`] says how many did).
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
     /// # use wirespeed_pinned::*;
     /// # let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// assert_eq!(s.resolve(1 << 20), Strategy::WholeFile);
     /// println!("{}", s.resolve(68 << 30)); // e.g. "hybrid 224 MiB windows + 16 MiB slots, 4 threads"
-    /// # Ok::<(), wirespeed_pinned::Error>(())
+    /// # Ok(()) }
     /// ```
     pub fn resolve(&self, file_len: u64) -> Strategy {
-        let s = &*self.shared;
-        let strategy = s.config.strategy.normalized().unwrap_or(s.config.strategy);
-        if strategy != Strategy::Auto {
-            return strategy;
-        }
-        let kept = s.state.try_lock().map(|st| kept(&st)).unwrap_or(0);
-        // With `verify`, the bounce buffer is taken from the budget before the
-        // plan is made: the plan reported here is the one that will run.
-        let bounce = if s.config.verify { align_up(file_len.clamp(1, VERIFY_BOUNCE), page_size()) } else { 0 };
-        let avail = s.usable(kept).saturating_sub(bounce);
-        plan(file_len, avail, cpus(), false).unwrap_or(Strategy::Ring { slots: 2, slot: 64 << 10, threads: 1 })
+        self.shared.resolve(file_len)
     }
 
     /// Makes ready now what the first transfer of `file_len` bytes would make
@@ -322,10 +285,8 @@ impl Streamer {
     /// ([`StreamConfig::second_context`]). A streamer keeps both, so only its
     /// first transfer pays for them, and this moves that cost to when you
     /// choose (start-up, say, or another thread: a `Streamer` is `Sync`).
-    /// Measured on an H200 host: making the context took 107 ms and allocating
-    /// a 64 MiB ring 34 ms, where the 4 GiB transfer that needed them took
-    /// 91 ms. Returns the plan. Keep one streamer rather than one per file:
-    /// dropping it gives both back (90 ms there).
+    /// Returns the plan. Keep one streamer rather than one per file: dropping
+    /// it gives both back, and the next streamer makes them again.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -411,16 +372,20 @@ impl Streamer {
     /// range's length, each on a device of the streamer): each piece is pinned
     /// or read once and copied to every device.
     ///
-    /// ```no_run
-    /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-to-devices-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![9u8; 1 << 20])?;
+    /// use wirespeed_pinned::{MappedFile, PinBudget, StreamConfig, Strategy, Streamer};
     /// let devices = wirespeed_cuda::Device::all()?;
     /// let s = Streamer::new(&devices, StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
+    /// let file = unsafe { MappedFile::open(&path) }?;
     /// let mut dsts = devices.iter().map(|d| file.device_buffer::<u8>(d, 0..file.len())).collect::<Result<Vec<_>, _>>()?;
-    /// s.to_devices(&file, 0..file.len(), &mut dsts)?;
-    /// # Ok(()) }
+    /// let report = s.to_devices(&file, 0..file.len(), &mut dsts)?;
+    /// assert_eq!(report.bytes, file.len() * devices.len() as u64);
+    /// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -550,16 +515,21 @@ impl Streamer {
     /// larger than device memory, and benchmarks). With verification every part
     /// is read back right after its copy.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-to-scratch-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![5u8; 3 << 20])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
     /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?; // 68 GB
-    /// let mut scratch = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 4 << 30)?;
-    /// println!("{}", s.to_scratch(&file, 0..file.len(), &mut scratch)?);
-    /// # Ok(()) }
+    /// let file = unsafe { MappedFile::open(&path) }?; // 3 MiB, larger than the scratch
+    /// let mut scratch = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+    /// let report = s.to_scratch(&file, 0..file.len(), &mut scratch)?;
+    /// assert_eq!(report.bytes, 3 << 20);
+    /// println!("{report}");
+    /// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -599,20 +569,27 @@ impl Streamer {
     /// API on other streams; work on other streams through raw pointers must be
     /// synchronized by `f`.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-for-each-chunk-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![1u8; (4 << 20) + 100])?;
     /// # use wirespeed_pinned::*;
-    /// # fn main() -> Result<()> {
     /// # let dev = wirespeed_cuda::Device::get(0)?;
     /// # let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
     /// // SAFETY: nobody writes or truncates the file while it is mapped.
-    /// let file = unsafe { MappedFile::open("/data/train.bin") }?;
-    /// let mut sum = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 64 << 20)?;
-    /// s.for_each_chunk(&file, 0..file.len(), 64 << 20, |stream, chunk, offset, len| {
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let mut seen = Vec::new();
+    /// s.for_each_chunk(&file, 0..file.len(), 1 << 20, |stream, chunk, offset, len| {
     ///     // e.g. launch a kernel on `stream` reading chunk[..len]
-    ///     let _ = (stream, chunk, offset, len);
+    ///     let _ = (stream, chunk);
+    ///     seen.push((offset, len));
     ///     Ok(())
     /// })?;
-    /// # Ok(()) }
+    /// seen.sort();
+    /// assert_eq!(seen.len(), 5); // four chunks of 1 MiB, and the last 100 bytes
+    /// assert_eq!(seen[4], (4 << 20, 100));
+    /// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -672,103 +649,5 @@ impl Streamer {
             None => worker.insert(Worker::spawn(self.shared.clone(), job.file.path())?),
         };
         w.send(job)
-    }
-}
-
-/// `dst` as bytes, when it holds exactly `len` bytes (whole values of `T`).
-fn bytes_of_range<'d, T: Pod>(
-    what: &'static str,
-    dst: DeviceSliceMut<'d, T>,
-    len: u64,
-) -> Result<DeviceSliceMut<'d, u8>> {
-    let size = size_of::<T>() as u64;
-    if size == 0 {
-        return Err(Error::invalid(what, "the destination's element type has no size"));
-    }
-    if !len.is_multiple_of(size) {
-        return Err(Error::invalid(
-            what,
-            format!("the range holds {len} bytes, not a whole number of {size}-byte values of the destination's type"),
-        ));
-    }
-    let dst = dst.into_bytes();
-    if dst.len() as u64 != len {
-        return Err(Error::invalid(what, format!("destination holds {} bytes, the range {len}", dst.len())));
-    }
-    Ok(dst)
-}
-
-impl Shared {
-    /// Moves file bytes `range` into each of `dsts` (stream index, bytes of
-    /// the range's length), taking the streamer for `what`: the run shared by
-    /// [`Streamer::to_device`], [`Streamer::to_devices`] and the worker's
-    /// transfers. `after` is waited for on the destinations' streams before
-    /// the first copy; `enqueued` is called once every copy is enqueued.
-    /// Each destination's earlier detached writers are waited for first,
-    /// before the streamer is taken (one may be a transfer the worker has
-    /// still to run); the destinations are released when it returns.
-    pub(super) fn fill(
-        &self,
-        what: &'static str,
-        file: &Arc<MappedFile>,
-        range: Range<u64>,
-        mut dsts: Vec<(usize, DetachedSliceMut<u8>)>,
-        after: Option<&Event>,
-        enqueued: Option<&Enqueued<'_>>,
-    ) -> Result<Report> {
-        for (_, d) in &mut dsts {
-            d.settle();
-        }
-        let len = range.end - range.start;
-        let n = dsts.len() as u64;
-        let (_owner, mut st) = self.enter(what)?;
-        if let Some(ev) = after {
-            for (i, _) in &dsts {
-                self.streams[*i].wait_event(ev)?;
-            }
-        }
-        let mut verifier = self.verifier(&mut st, len)?;
-        let sink = DevicesSink::new(range.start, dsts, len, enqueued);
-        let (mut report, sink) = self.run(&mut st, file, range.clone(), sink, |()| Ok(()))?;
-        report.bytes = len * n;
-        if let Some(v) = &mut verifier {
-            let mut ok = true;
-            let expected = &file.as_bytes()[range.start as usize..range.end as usize];
-            for (i, d) in &sink.dsts {
-                ok &= v.check(&self.streams[*i], &d.slice(..)?, expected)?;
-            }
-            report.verified = Some(ok);
-        }
-        Ok(report)
-    }
-
-    fn stream_of(&self, d: Device) -> Result<usize> {
-        self.devices.iter().position(|x| *x == d).ok_or_else(|| {
-            Error::invalid(
-                "Streamer",
-                format!("the buffer is on device {}, which this streamer does not use", d.ordinal()),
-            )
-        })
-    }
-
-    fn opts(&self) -> PinOptions {
-        PinOptions { mlock: self.config.mlock, portable: self.portable }
-    }
-
-    fn verifier(&self, st: &mut State, len: u64) -> Result<Option<Verifier>> {
-        if !self.config.verify {
-            return Ok(None);
-        }
-        let bytes = align_up(len.clamp(1, VERIFY_BOUNCE), page_size());
-        self.make_room(st, bytes, false, None);
-        Ok(Some(Verifier::new(&self.config.budget, bytes as usize)?))
-    }
-
-    /// Registrations belong to the calling thread's current device unless portable.
-    fn device_for_registration(&self) -> Result<()> {
-        if !self.portable {
-            self.devices[0].make_current()?;
-        }
-        Ok(())
     }
 }

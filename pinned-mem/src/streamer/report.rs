@@ -123,8 +123,8 @@ impl Breakdown {
     /// ```
     /// use wirespeed_pinned::Breakdown;
     /// let mut b = Breakdown::default();
-    /// (b.in_place_bytes, b.register_seconds, b.unregister_seconds) = (2_000_000_000, 0.06, 0.02);
-    /// assert_eq!(b.register_rate().map(|r| (r / 1e9).round()), Some(25.0)); // GB/s
+    /// (b.in_place_bytes, b.register_seconds, b.unregister_seconds) = (3_000_000_000, 1.0, 0.5);
+    /// assert_eq!(b.register_rate(), Some(2e9)); // bytes per second
     /// assert_eq!(Breakdown::default().register_rate(), None);
     /// ```
     pub fn register_rate(&self) -> Option<f64> {
@@ -139,8 +139,8 @@ impl Breakdown {
     /// ```
     /// use wirespeed_pinned::Breakdown;
     /// let mut b = Breakdown::default();
-    /// (b.ring_bytes, b.fill_seconds) = (2_400_000_000, 0.3); // summed over the ring's threads
-    /// assert_eq!(b.fill_rate().map(|r| (r / 1e9).round()), Some(8.0)); // GB/s a thread
+    /// (b.ring_bytes, b.fill_seconds) = (3_000_000_000, 1.5); // summed over the ring's threads
+    /// assert_eq!(b.fill_rate(), Some(2e9)); // bytes per second, a thread
     /// ```
     pub fn fill_rate(&self) -> Option<f64> {
         (self.ring_bytes > 0 && self.fill_seconds > 0.0).then(|| self.ring_bytes as f64 / self.fill_seconds)
@@ -163,11 +163,11 @@ impl Breakdown {
 }
 
 impl std::fmt::Display for Breakdown {
-    /// `in place 52% (registering 31.0 ms, unregistering 4.1 ms: 63.5 GB/s,
-    /// waiting for copies 10.2 ms), ring 48% (filling 210.5 ms: 9.8 GB/s a
-    /// thread, waiting for slots 50.3 ms, a reserve thread joined), setting up
-    /// 25.1 ms`; a part that moved nothing is left out, and a rate where no
-    /// time was counted, and setting up under half a millisecond.
+    /// `in place P% (registering T ms, unregistering T ms: R GB/s, waiting
+    /// for copies T ms), ring P% (filling T ms: R GB/s a thread, waiting for
+    /// slots T ms, a reserve thread joined), setting up T ms`; a part that
+    /// moved nothing is left out, and a rate where no time was counted, and
+    /// setting up under half a millisecond.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = |s: f64| s * 1e3;
         let rate = |r: Option<f64>, what: &str| r.map(|r| format!(": {:.1} GB/s{what}", r / 1e9)).unwrap_or_default();

@@ -9,7 +9,7 @@ use super::report::Breakdown;
 /// What the agents of one pass count, shared with a chained pass's sink
 /// (which reports each transfer's share).
 #[derive(Default, Debug)]
-pub(crate) struct PassStats {
+pub(super) struct PassStats {
     /// Fresh `cudaHostRegister` (or driver) registrations.
     pub(super) registrations: AtomicU64,
     pub(super) in_place_bytes: AtomicU64,

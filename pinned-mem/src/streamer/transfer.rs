@@ -1,12 +1,10 @@
 //! Transfers that do not block: [`Streamer::start`](super::Streamer::start)
 //! queues a [`Job`] for the streamer's worker thread and returns a
-//! [`Transfer`] at once. The worker runs the jobs in order, through the same
-//! run as the blocking calls (`Shared::fill`), or, where they can be, as one
-//! pass that takes each queued job up as it goes (`chain.rs`), and tells the
-//! handle, through a [`TransferState`], when every copy is enqueued (with an
-//! event recorded after the last one: [`Transfer::then_on`]) and when the
-//! transfer has ended (its [`Report`] or error: [`Transfer::wait`], polling,
-//! `.await`).
+//! [`Transfer`] at once. The worker (`worker.rs`) runs the jobs in order,
+//! and tells the handle, through a [`TransferState`], when every copy is
+//! enqueued (with an event recorded after the last one:
+//! [`Transfer::then_on`]) and when the transfer has ended (its [`Report`] or
+//! error: [`Transfer::wait`], polling, `.await`).
 //!
 //! Soundness does not depend on the handle: the job owns the destination as a
 //! [`DetachedSliceMut`], whose hold makes the destination's owner wait (to
@@ -17,18 +15,17 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::path::Path;
 use std::pin::Pin;
-use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
-use super::pipeline::panic_message;
-use super::{Report, Shared, lock};
+use wirespeed_cuda::locks::lock;
+
+use super::report::Report;
+use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 
@@ -502,76 +499,4 @@ pub(super) struct Job {
     /// Recorded on the caller's stream at the start: waited for before the first copy.
     pub(super) after: Option<Event>,
     pub(super) state: Arc<TransferState>,
-}
-
-/// The streamer's worker thread and the queue it takes jobs from.
-pub(super) struct Worker {
-    jobs: Sender<Job>,
-    thread: JoinHandle<()>,
-}
-
-impl Worker {
-    /// Starts the worker thread of `shared` (`file` names the first job's file
-    /// in the error, if the thread cannot start).
-    pub(super) fn spawn(shared: Arc<Shared>, file: &Path) -> Result<Worker> {
-        let (jobs, queue) = channel();
-        let thread = std::thread::Builder::new()
-            .name("wirespeed-streamer".into())
-            .spawn(move || shared.work(queue))
-            .map_err(|e| Error::io("spawning the streamer's worker thread for", file, e))?;
-        Ok(Worker { jobs, thread })
-    }
-
-    /// Queues `job` (dropped, releasing its destination, if the worker has ended).
-    pub(super) fn send(&self, job: Job) -> Result<()> {
-        self.jobs
-            .send(job)
-            .map_err(|_| Error::WorkerPanicked { message: "the streamer's worker thread has ended".into() })
-    }
-
-    /// Closes the queue and waits for the worker to run what is in it. From
-    /// the worker thread itself (a progress callback that dropped the last
-    /// handle to the streamer), it does not wait: the worker ends by itself.
-    pub(super) fn finish(self) {
-        let Worker { jobs, thread } = self;
-        drop(jobs);
-        if thread.thread().id() != std::thread::current().id() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Shared {
-    /// The worker thread: runs the queued jobs, in order, until the queue closes.
-    fn work(self: Arc<Self>, queue: Receiver<Job>) {
-        // Jobs a chained pass took from the queue but did not run come first.
-        let queue = Mutex::new(queue);
-        let mut next = std::collections::VecDeque::new();
-        loop {
-            let job = match next.pop_front() {
-                Some(job) => job,
-                None => match lock(&queue).recv() {
-                    Ok(job) => job,
-                    Err(_) => break, // closed and empty
-                },
-            };
-            let state = job.state.clone();
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                if self.chains(&job) { self.run_chain(job, &queue) } else { self.run_job(job) }
-            }));
-            match ran {
-                Ok(jobs) => next.extend(jobs),
-                Err(p) => state.finish(Err(Error::WorkerPanicked { message: panic_message(p.as_ref()) })),
-            }
-        }
-    }
-
-    fn run_job(&self, job: Job) -> Vec<Job> {
-        let Job { file, range, dst, stream, after, state } = job;
-        let enqueued = |streams: &[Stream]| state.enqueued(streams.get(stream));
-        let res = self.fill("Streamer::start", &file, range, vec![(stream, dst)], after.as_ref(), Some(&enqueued));
-        drop(after);
-        state.finish(res);
-        Vec::new()
-    }
 }

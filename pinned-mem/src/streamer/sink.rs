@@ -1,31 +1,34 @@
 //! Where the pieces of a transfer go on the device: destinations of the
 //! range's length (one per device), a scratch buffer written around, or chunk
-//! buffers handed to the caller. A piece is bytes `[off, off + len)` of the file, readable as
-//! pinned copy sources through a [`Slicer`]; a sink enqueues its copies on the
-//! streams it is given: the streamer's (one per device), or, for a sink with
-//! lanes, each agent's own.
+//! buffers handed to the caller. A piece is bytes `[off, off + len)` of the
+//! file, readable as pinned copy sources through a [`Slicer`]; a sink
+//! enqueues its copies on the streams it is given: the streamer's (one per
+//! device), or, for a sink with lanes, each agent's own.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use wirespeed_cuda::locks::lock;
 use wirespeed_cuda::{DetachedSliceMut, Device, DeviceBuffer, DeviceSlice, Lanes, PinnedBuffer, PinnedSlice, Stream};
 
+use super::stream_set::StreamSet;
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
 use crate::range::PinnedRange;
 use crate::ring::SlotSource;
 
 /// Pinned bytes of a piece, relative to the piece's first byte.
-pub(crate) trait Slicer {
+pub(super) trait Slicer {
+    /// Bytes `r` of the piece, pinned.
     fn slice(&self, r: Range<usize>) -> Result<PinnedSlice<'_, u8>>;
 }
 
 /// Part of a pinned range, from `base` (relative to the range's start).
-pub(crate) struct RangePart<'a> {
-    pub(crate) range: &'a PinnedRange,
-    pub(crate) base: usize,
+pub(super) struct RangePart<'a> {
+    pub(super) range: &'a PinnedRange,
+    pub(super) base: usize,
 }
 
 impl Slicer for RangePart<'_> {
@@ -40,21 +43,16 @@ impl Slicer for SlotSource<'_> {
     }
 }
 
-/// A bit per stream index.
-pub(crate) type StreamMask = u64;
-
-pub(crate) fn mask_streams(mask: StreamMask, streams: &[Stream]) -> Vec<&Stream> {
-    streams.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, s)| s).collect()
-}
-
-pub(crate) trait Sink: Send + Sync {
+/// Where a transfer's pieces go: the agents put each piece they pinned
+/// through the sink, which enqueues its copies to the destinations.
+pub(super) trait Sink: Send + Sync {
     /// Sent to the calling thread when `put` completes something (chunks).
     type Msg: Send;
     /// True when `put` never sends a message: a lone agent may then run on the
     /// calling thread, with nobody reading the channel.
     const SILENT: bool;
     /// The streams a piece goes to.
-    fn streams_for(&self, off: u64, len: u64) -> StreamMask;
+    fn streams_for(&self, off: u64, len: u64) -> StreamSet;
     /// Enqueues the piece's copies.
     fn put(
         &mut self,
@@ -74,7 +72,7 @@ pub(crate) trait Sink: Send + Sync {
         &mut self,
         _strategy: crate::Strategy,
         _windows: &crate::WindowContext,
-        _stats: &std::sync::Arc<crate::streamer::PassStats>,
+        _stats: &std::sync::Arc<super::stats::PassStats>,
     ) {
     }
     /// True when pieces may be put by several agents at once, each through a
@@ -97,19 +95,19 @@ pub(crate) trait Sink: Send + Sync {
 }
 
 /// Copies back through a small pinned buffer and compares with the file.
-pub(crate) struct Verifier {
+pub(super) struct Verifier {
     bounce: PinnedBuffer<u8>,
     _reservation: Reservation,
 }
 
 impl Verifier {
-    pub(crate) fn new(budget: &PinBudget, bytes: usize) -> Result<Verifier> {
+    pub(super) fn new(budget: &PinBudget, bytes: usize) -> Result<Verifier> {
         let reservation = budget.reserve(bytes as u64)?;
         Ok(Verifier { bounce: PinnedBuffer::new(bytes)?, _reservation: reservation })
     }
 
     /// True when `dev` (of `expected`'s length) equals `expected`.
-    pub(crate) fn check(&mut self, stream: &Stream, dev: &DeviceSlice<'_, u8>, expected: &[u8]) -> Result<bool> {
+    pub(super) fn check(&mut self, stream: &Stream, dev: &DeviceSlice<'_, u8>, expected: &[u8]) -> Result<bool> {
         if dev.len() != expected.len() {
             return Err(Error::invalid("verify", format!("{} bytes to compare with {}", dev.len(), expected.len())));
         }
@@ -131,23 +129,23 @@ impl Verifier {
 
 /// Called once every copy of a transfer is enqueued, with the streamer's
 /// streams (a [`Transfer`](crate::Transfer) records its event then).
-pub(crate) type Enqueued<'a> = dyn Fn(&[Stream]) -> Result<()> + Sync + 'a;
+pub(super) type Enqueued<'a> = dyn Fn(&[Stream]) -> Result<()> + Sync + 'a;
 
 /// Destinations of the range's length: byte `off` of the file goes to
 /// `off - start` of each.
-pub(crate) struct DevicesSink<'a> {
-    pub(crate) start: u64,
+pub(super) struct DevicesSink<'a> {
+    pub(super) start: u64,
     /// (stream index, destination), outside lanes.
-    pub(crate) dsts: Vec<(usize, DetachedSliceMut<u8>)>,
+    pub(super) dsts: Vec<(usize, DetachedSliceMut<u8>)>,
     /// (stream index, destination) while lanes are open.
-    pub(crate) laned: Vec<(usize, Lanes<u8>)>,
+    pub(super) laned: Vec<(usize, Lanes<u8>)>,
     /// Bytes not put yet: when none is left, every copy is enqueued.
-    pub(crate) left: AtomicU64,
-    pub(crate) enqueued: Option<&'a Enqueued<'a>>,
+    pub(super) left: AtomicU64,
+    pub(super) enqueued: Option<&'a Enqueued<'a>>,
 }
 
 impl<'a> DevicesSink<'a> {
-    pub(crate) fn new(
+    pub(super) fn new(
         start: u64,
         dsts: Vec<(usize, DetachedSliceMut<u8>)>,
         len: u64,
@@ -161,10 +159,8 @@ impl Sink for DevicesSink<'_> {
     type Msg = ();
     const SILENT: bool = true;
     const LANES: bool = true;
-    fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
-        let mut mask = self.dsts.iter().fold(0, |m, (i, _)| m | 1 << i);
-        mask |= self.laned.iter().fold(0, |m, (i, _)| m | 1 << i);
-        mask
+    fn streams_for(&self, _off: u64, _len: u64) -> StreamSet {
+        self.dsts.iter().map(|(i, _)| *i).chain(self.laned.iter().map(|(i, _)| *i)).collect()
     }
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, _out: &mut Vec<()>) -> Result<()> {
         let at = (off - self.start) as usize;
@@ -211,20 +207,20 @@ impl Sink for DevicesSink<'_> {
 }
 
 /// A scratch buffer written around: byte `off` goes to `(off - start) % len`.
-pub(crate) struct ScratchSink<'a> {
-    pub(crate) start: u64,
-    pub(crate) stream: usize,
-    pub(crate) dst: DetachedSliceMut<u8>,
+pub(super) struct ScratchSink<'a> {
+    pub(super) start: u64,
+    pub(super) stream: usize,
+    pub(super) dst: DetachedSliceMut<u8>,
     /// With verification: the file's bytes and the checker; each part is read back.
-    pub(crate) verify: Option<(&'a [u8], Verifier)>,
-    pub(crate) ok: bool,
+    pub(super) verify: Option<(&'a [u8], Verifier)>,
+    pub(super) ok: bool,
 }
 
 impl Sink for ScratchSink<'_> {
     type Msg = ();
     const SILENT: bool = true;
-    fn streams_for(&self, _off: u64, _len: u64) -> StreamMask {
-        1 << self.stream
+    fn streams_for(&self, _off: u64, _len: u64) -> StreamSet {
+        StreamSet::one(self.stream)
     }
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, _out: &mut Vec<()>) -> Result<()> {
         let stream = streams.get(self.stream).ok_or_else(|| Error::invalid("sink", "no stream"))?;
@@ -255,45 +251,73 @@ impl Sink for ScratchSink<'_> {
 }
 
 /// A chunk completed on the device: its copies are enqueued on `stream`.
-pub(crate) struct Chunk {
-    pub(crate) off: u64,
-    pub(crate) len: usize,
-    pub(crate) stream: usize,
-    pub(crate) buf: DeviceBuffer<u8>,
+pub(super) struct Chunk {
+    pub(super) off: u64,
+    pub(super) len: usize,
+    pub(super) stream: usize,
+    pub(super) buf: DeviceBuffer<u8>,
 }
 
 /// Device chunk buffers, per stream, reused across chunks.
-pub(crate) type ChunkPool = Mutex<Vec<Vec<DeviceBuffer<u8>>>>;
+pub(super) type ChunkPool = Mutex<Vec<Vec<DeviceBuffer<u8>>>>;
 
 /// Chunks of `chunk` bytes from `start` (the last one shorter), chunk `k` on
 /// stream `k % streams`, assembled from pieces in any order and handed on once
 /// complete.
-pub(crate) struct ChunkSink<'a> {
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    pub(crate) chunk: u64,
-    pub(crate) devices: Vec<Device>,
-    pub(crate) pool: &'a ChunkPool,
-    pub(crate) partial: HashMap<u64, (DeviceBuffer<u8>, u64)>,
+pub(super) struct ChunkSink<'a> {
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) chunk: u64,
+    pub(super) devices: Vec<Device>,
+    pub(super) pool: &'a ChunkPool,
+    pub(super) partial: HashMap<u64, (DeviceBuffer<u8>, u64)>,
 }
 
 impl ChunkSink<'_> {
+    /// The indices of the chunks bytes `[off, off + len)` fall in.
     fn chunks(&self, off: u64, len: u64) -> Range<u64> {
         let first = (off - self.start) / self.chunk;
         let last = (off + len - 1 - self.start) / self.chunk;
         first..last + 1
     }
+
+    /// The buffer of chunk `k` (on stream `si`) and the bytes it holds so
+    /// far: the partly filled one, else one from the pool, else a new one.
+    fn buffer(&mut self, k: u64, si: usize) -> Result<(DeviceBuffer<u8>, u64)> {
+        if let Some(p) = self.partial.remove(&k) {
+            return Ok(p);
+        }
+        if let Some(b) = lock(self.pool).get_mut(si).and_then(Vec::pop) {
+            return Ok((b, 0));
+        }
+        let size = self.chunk.min(self.end - self.start) as usize;
+        Ok((DeviceBuffer::<u8>::new(&self.devices[si], size)?, 0))
+    }
+}
+
+/// Enqueues on `stream` the copy of bytes `part` of `src` into `buf` at `at`.
+fn copy_piece(
+    stream: &Stream,
+    src: &dyn Slicer,
+    part: Range<usize>,
+    buf: &mut DeviceBuffer<u8>,
+    at: usize,
+) -> Result<()> {
+    let piece = src.slice(part.clone())?;
+    let mut d = buf.slice_mut(at..at + part.len())?;
+    stream.copy_to_device(&piece, &mut d)?.detach();
+    Ok(())
 }
 
 impl Sink for ChunkSink<'_> {
     type Msg = Chunk;
     const SILENT: bool = false;
-    fn streams_for(&self, off: u64, len: u64) -> StreamMask {
+    fn streams_for(&self, off: u64, len: u64) -> StreamSet {
         let n = self.devices.len() as u64;
         if len == 0 {
-            return 0;
+            return StreamSet::EMPTY;
         }
-        self.chunks(off, len).take(n as usize).fold(0, |m, k| m | 1 << (k % n))
+        self.chunks(off, len).take(n as usize).map(|k| (k % n) as usize).collect()
     }
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, out: &mut Vec<Chunk>) -> Result<()> {
         if len == 0 {
@@ -306,31 +330,9 @@ impl Sink for ChunkSink<'_> {
             let (a, b) = (off.max(cs), (off + len as u64).min(ce));
             let si = (k % n) as usize;
             let stream = streams.get(si).ok_or_else(|| Error::invalid("sink", "no stream"))?;
-            let (mut buf, mut filled) = match self.partial.remove(&k) {
-                Some(p) => p,
-                None => {
-                    let pooled = self
-                        .pool
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .get_mut(si)
-                        .and_then(Vec::pop);
-                    match pooled {
-                        Some(b) => (b, 0),
-                        None => {
-                            let size = self.chunk.min(self.end - self.start) as usize;
-                            (DeviceBuffer::<u8>::new(&self.devices[si], size)?, 0)
-                        }
-                    }
-                }
-            };
-            let copied = (|| -> Result<()> {
-                let piece = src.slice((a - off) as usize..(b - off) as usize)?;
-                let mut d = buf.slice_mut((a - cs) as usize..(b - cs) as usize)?;
-                stream.copy_to_device(&piece, &mut d)?.detach();
-                Ok(())
-            })();
-            if let Err(e) = copied {
+            let (mut buf, mut filled) = self.buffer(k, si)?;
+            let part = (a - off) as usize..(b - off) as usize;
+            if let Err(e) = copy_piece(stream, src, part, &mut buf, (a - cs) as usize) {
                 self.partial.insert(k, (buf, filled));
                 return Err(e);
             }

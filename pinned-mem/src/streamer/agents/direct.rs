@@ -1,6 +1,7 @@
-//! `O_DIRECT` reads ([`Strategy::Direct`](crate::Strategy::Direct)), for cold
-//! files: a ring agent reads the aligned pages around its part straight from
-//! the disk into its slot, bypassing the page cache.
+//! The direct agent's reads ([`Strategy::Direct`](crate::Strategy::Direct)),
+//! for cold files: a ring agent (`ring.rs`) whose slots are filled with
+//! `O_DIRECT` reads of the aligned pages around its part, straight from the
+//! disk, bypassing the page cache.
 
 use std::fs::File;
 use std::ops::Range;
@@ -12,8 +13,13 @@ use crate::ring::{FreeSlot, FullSlot};
 use crate::strategy::DIRECT_ALIGN;
 use crate::util::{align_down, align_up};
 
-/// Reads bytes `r` with `O_DIRECT`: the aligned pages around them, into the
-/// slot, then marks the wanted bytes.
+/// Reads bytes `r` of `file` from `f` (its `O_DIRECT` descriptor): the
+/// aligned pages around them, into the slot, then marks the wanted bytes.
+///
+/// # Errors
+/// [`Error::DirectUnsupported`] where the file system refuses `O_DIRECT`
+/// reads; [`Error::FileChanged`] for a file that ended early; [`Error::Io`];
+/// [`Error::InvalidArgument`] for a slot that is not aligned or too small.
 pub(super) fn direct_read(mut slot: FreeSlot, f: &File, file: &MappedFile, r: Range<u64>) -> Result<FullSlot> {
     let a0 = align_down(r.start, DIRECT_ALIGN);
     let need = (r.end - a0) as usize;

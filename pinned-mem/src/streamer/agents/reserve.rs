@@ -1,38 +1,53 @@
-//! Reserve ring agents: threads of `Auto`'s hybrid that sleep beside the
-//! ring and join it once the copy engine shows room.
+//! The reserve ring thread of `Auto`'s hybrid: it sleeps beside the ring and
+//! joins it as one more ring agent once the copy engine shows room.
 //!
 //! The hybrid is two halves that are both CPU work: one window thread
 //! registering (the driver registers one call at a time for the whole
 //! device, so a second registering thread goes no faster) and ring threads
-//! filling slots with `memcpy`. Measured on an H200 host, across machine
-//! starts, the pass ran at about the window thread's registering rate plus
-//! the ring threads' filling rates, and how fast a start registers is what
-//! varied most (21-28 GB/s in the hybrid): where it was slow the copy engine
-//! had room (the ring's threads waited for free slots 1-8 % of their time,
-//! against 13-15 % on starts that reached 0.90 of the line rate), and a fifth
-//! ring thread lifted the rate: from 0.75-0.83 to 0.90-0.91 of the line rate
-//! as a fixed fifth thread on such starts, and as this reserve, alternating
-//! with auto without it in one call, from 0.71 to 0.76-0.77 (4 GiB file, 512
-//! MiB budget) and from 0.77 to 0.86 (40 GiB, 4 GiB) at the same CPU per
-//! byte.
-//! Where the engine is already the bound, another ring thread only takes bytes
-//! from the windows at a higher CPU cost per byte. So the reserve looks before
-//! it joins: every [`LOOK`], the share of the ring threads' time spent waiting
-//! for free slots over that span; below `StreamConfig::reserve_room` (0.10 by
-//! default), the copy engine keeps up with them and has room for more, and
-//! it joins.
+//! filling slots. The pass runs at about the window thread's registering
+//! rate plus the ring threads' filling rates, and where registering is slow
+//! the copy engine has room that one more ring thread fills, at the ring's
+//! CPU cost per byte. Where the copy engine is already the bound, another
+//! ring thread only takes bytes from the windows at a higher CPU cost per
+//! byte. So the reserve looks before it joins: every [`LOOK`], the share of
+//! the ring threads' time spent waiting for free slots over that span; below
+//! [`Reserve::room`] (`StreamConfig::reserve_room`) the copy engine keeps up
+//! with them and has room for more, and it joins.
 
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
-use super::pipeline::{Claims, Ctx};
-use super::report::Breakdown;
-use super::ring::{AgentLane, Fill, ring_agent};
+use super::crew::Crew;
+use super::ring::{RingAgent, ring_agent};
 use crate::error::Result;
-use crate::ring::PinnedRing;
-use crate::sink::Sink;
+use crate::streamer::ctx::Ctx;
+use crate::streamer::report::Breakdown;
+use crate::streamer::sink::Sink;
+
+/// The reserve of a pass: how many reserve threads run beside the ring's,
+/// and the share of their time the ring's threads may have waited for free
+/// slots for one to join ([`StreamConfig::reserve_threads`] and
+/// [`StreamConfig::reserve_room`] for `Auto`'s hybrid; no thread otherwise).
+///
+/// [`StreamConfig::reserve_threads`]: crate::StreamConfig::reserve_threads
+/// [`StreamConfig::reserve_room`]: crate::StreamConfig::reserve_room
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(in crate::streamer) struct Reserve {
+    pub(in crate::streamer) threads: usize,
+    pub(in crate::streamer) room: f64,
+}
+
+/// One reserve thread.
+pub(in crate::streamer) struct ReserveAgent<'a> {
+    /// The ring agent it runs as once it joins (claiming from the back).
+    pub(in crate::streamer) ring: RingAgent<'a>,
+    /// The ring threads of the plan, over which the share is counted.
+    pub(in crate::streamer) planned: usize,
+    /// The pass's [`Reserve`].
+    pub(in crate::streamer) reserve: Reserve,
+    /// The ring agents still running.
+    pub(in crate::streamer) running: &'a Running,
+}
 
 /// How long the reserve waits before its first look: the ring's slots start
 /// free, so its threads do not wait for any until they have gone round once.
@@ -47,12 +62,12 @@ const NAP: Duration = Duration::from_millis(1);
 /// The ring agents of a pass still running: the reserve stops watching once
 /// none is (they stop when nothing is left to claim, or the pass failed).
 #[derive(Default)]
-pub(super) struct Running(AtomicUsize);
+pub(in crate::streamer) struct Running(AtomicUsize);
 
 impl Running {
     /// Counts a ring agent in until the guard is dropped (also when the agent
     /// panics: its thread unwinds through the guard).
-    pub(super) fn enter(&self) -> RunningGuard<'_> {
+    pub(in crate::streamer) fn enter(&self) -> RunningGuard<'_> {
         self.0.fetch_add(1, Ordering::SeqCst);
         RunningGuard(self)
     }
@@ -63,7 +78,7 @@ impl Running {
 }
 
 /// See [`Running::enter`].
-pub(super) struct RunningGuard<'a>(&'a Running);
+pub(in crate::streamer) struct RunningGuard<'a>(&'a Running);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
@@ -71,28 +86,10 @@ impl Drop for RunningGuard<'_> {
     }
 }
 
-/// What a reserve agent runs with once it joins: the ring's agents' own.
-pub(super) struct Joining<'a> {
-    pub(super) ring: &'a PinnedRing,
-    pub(super) fill: Fill<'a>,
-    pub(super) slot: u64,
-    /// The ring threads of the plan (the ones the share is counted over).
-    pub(super) threads: usize,
-    /// `StreamConfig::reserve_room`.
-    pub(super) room: f64,
-    pub(super) lane: AgentLane<'a>,
-}
-
 /// Watches the pass and joins the ring once the copy engine shows room;
 /// returns when the pass has nothing left for it (or failed).
-pub(super) fn reserve_agent<S: Sink>(
-    ctx: &Ctx<'_>,
-    claims: &Claims,
-    running: &Running,
-    j: Joining<'_>,
-    sink: &RwLock<S>,
-    tx: &SyncSender<S::Msg>,
-) -> Result<()> {
+pub(in crate::streamer) fn reserve_agent<S: Sink>(crew: Crew<'_, S>, agent: ReserveAgent<'_>) -> Result<()> {
+    let (ctx, running) = (crew.ctx, agent.running);
     if !nap(ctx, running, WARM_UP) {
         return Ok(());
     }
@@ -102,23 +99,24 @@ pub(super) fn reserve_agent<S: Sink>(
             return Ok(());
         }
         let now = (Instant::now(), ctx.stats.snapshot());
-        let span = now.0.duration_since(before.0).as_secs_f64() * j.threads.max(1) as f64;
-        if has_room(&now.1.since(&before.1), span, j.room) {
+        let span = now.0.duration_since(before.0).as_secs_f64() * agent.planned.max(1) as f64;
+        if has_room(&now.1.since(&before.1), span, agent.reserve.room) {
             break;
         }
         before = now;
     }
     ctx.stats.reserve_joined.fetch_add(1, Ordering::Relaxed);
     let _counted = running.enter();
-    ring_agent(ctx, claims, j.ring, j.fill, j.slot, true, j.lane, sink, tx)
+    ring_agent(crew, RingAgent { from_back: true, ..agent.ring })
 }
 
 /// Whether the ring moved bytes over a span of `thread_seconds` (its length
 /// times the ring's threads) while its threads waited for free slots less
 /// than `room` of that time; a `room` of 1 or more always (as
-/// `StreamConfig::reserve_room` documents: a wait is counted when it ends, so
-/// one that began before the span can exceed it, and a slow copy engine can
-/// leave a span without a filled slot).
+/// [`StreamConfig::reserve_room`](crate::StreamConfig::reserve_room)
+/// documents: a wait is counted when it ends, so one that began before the
+/// span can exceed it, and a slow copy engine can leave a span without a
+/// filled slot).
 fn has_room(d: &Breakdown, thread_seconds: f64, room: f64) -> bool {
     room >= 1.0 || (d.ring_bytes > 0 && d.slot_wait_seconds < room * thread_seconds)
 }

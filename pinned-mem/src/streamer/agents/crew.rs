@@ -1,0 +1,49 @@
+//! What every agent of a pass works with ([`Crew`]).
+
+use std::sync::RwLock;
+use std::sync::mpsc::SyncSender;
+
+use crate::streamer::claims::Claims;
+use crate::streamer::ctx::Ctx;
+use crate::streamer::sink::Sink;
+
+/// What every agent of a pass works with: the pass's context, the claims it
+/// takes parts of the range from, the sink its copies go through, and its
+/// end of the channel to the calling thread. Each agent holds a crew of its
+/// own (a clone): the calling thread stops reading messages once every
+/// agent has ended and dropped its crew.
+pub(in crate::streamer) struct Crew<'p, S: Sink> {
+    pub(in crate::streamer) ctx: &'p Ctx<'p>,
+    pub(in crate::streamer) claims: &'p Claims<'p>,
+    pub(in crate::streamer) sink: &'p RwLock<S>,
+    tx: SyncSender<S::Msg>,
+}
+
+impl<'p, S: Sink> Crew<'p, S> {
+    /// The crew of a pass, sending its messages on `tx`.
+    pub(in crate::streamer) fn new(
+        ctx: &'p Ctx<'p>,
+        claims: &'p Claims<'p>,
+        sink: &'p RwLock<S>,
+        tx: SyncSender<S::Msg>,
+    ) -> Crew<'p, S> {
+        Crew { ctx, claims, sink, tx }
+    }
+
+    /// Sends the messages in `out` to the calling thread, emptying it; false
+    /// once the calling thread has stopped reading them (the agent then stops).
+    pub(in crate::streamer) fn send(&self, out: &mut Vec<S::Msg>) -> bool {
+        for m in out.drain(..) {
+            if self.tx.send(m).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl<S: Sink> Clone for Crew<'_, S> {
+    fn clone(&self) -> Self {
+        Crew { ctx: self.ctx, claims: self.claims, sink: self.sink, tx: self.tx.clone() }
+    }
+}
