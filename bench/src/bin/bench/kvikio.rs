@@ -6,8 +6,8 @@
 
 use crate::data::Data;
 use crate::results::{Intact, Kind, Row, Sample};
-use crate::runs::Bench;
 use crate::script::{self, Output};
+use crate::session::Bench;
 use crate::util::fmt_bytes;
 use serde_json::Value;
 use std::time::Duration;

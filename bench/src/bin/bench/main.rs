@@ -32,17 +32,19 @@ mod results;
 mod rows;
 mod runs;
 mod script;
+mod session;
+mod summary;
 mod targets;
 mod util;
 
 use args::Options;
 use clap::Parser;
-use output::{FileInfo, Summary};
 use progress::Progress;
 use results::Kind;
-use runs::Bench;
+use session::Bench;
 use std::io::Write;
 use std::process::ExitCode;
+use summary::{FileInfo, Summary};
 use util::{Context, Fatal, MIB, Result, fmt_bytes, round_down};
 
 fn main() -> ExitCode {
@@ -67,7 +69,7 @@ fn run(opts: Options) -> Result<ExitCode> {
     let progress = Progress::new();
     let gpu = gpu::select(&opts)?;
     if gpu.emulated {
-        progress.note(&format!("*** {} ***", output::EMULATED));
+        progress.note(&format!("*** {} ***", summary::EMULATED));
     }
     progress.note(&gpu.describe());
     progress.note(&gpu.host);

@@ -11,7 +11,7 @@
 //! medians in different modes. The thread stays on one CPU while it measures.
 
 use crate::rawcuda;
-use crate::runs::Bench;
+use crate::session::Bench;
 use crate::util::{Result, Stats, stats};
 use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu, sched_setaffinity};
 use nix::unistd::Pid;

@@ -32,7 +32,7 @@
 use crate::checksum;
 use crate::data::Data;
 use crate::results::Intact;
-use crate::runs::Bench;
+use crate::session::Bench;
 use crate::util::{Fatal, KIB, MIB, Result, Stats, fmt_bytes, stats};
 use std::ops::Range;
 use std::sync::Arc;

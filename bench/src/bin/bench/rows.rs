@@ -9,7 +9,7 @@ use crate::checksum;
 use crate::data::fill_pattern;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
-use crate::runs::Bench;
+use crate::session::Bench;
 use crate::util::{Fatal, Result};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};

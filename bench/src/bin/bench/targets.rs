@@ -2,10 +2,10 @@
 //! PASS/MISS (or not measured, and why), and for a miss a measured reason
 //! where the bench can tell one.
 
-use crate::output::Summary;
 use crate::overhead::Overhead;
 use crate::results::Row;
 use crate::rows;
+use crate::summary::Summary;
 use crate::util::{GIB, MIB, fmt_bytes};
 use wirespeed_pinned::Strategy;
 
