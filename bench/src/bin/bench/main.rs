@@ -22,14 +22,10 @@ mod args;
 mod checksum;
 mod data;
 mod gpu;
-mod kvikio;
 mod output;
-mod overhead;
-mod overlap;
 mod progress;
 mod rawcuda;
 mod results;
-mod rows;
 mod runs;
 mod script;
 mod session;
@@ -91,7 +87,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         line_rate: 0.0,
     };
 
-    let line = runs::line_rate(&mut b)?;
+    let line = runs::line_rate::line_rate(&mut b)?;
     let mut rows = Vec::new();
     let mut file = None;
     let mut kvikio = None;
@@ -105,7 +101,7 @@ fn run(opts: Options) -> Result<ExitCode> {
             fmt_bytes(data.len),
             data.len as f64 / budget as f64
         ));
-        let streamed = runs::stream_all(&mut b, &data, budget)?;
+        let streamed = runs::file::stream_all(&mut b, &data, budget)?;
         rows = streamed.rows;
         kvikio = streamed.kvikio;
         overlap = streamed.overlap;
@@ -120,10 +116,13 @@ fn run(opts: Options) -> Result<ExitCode> {
             mem: data.mem,
         });
     } // the demo file is removed here
-    let pytorch_rows = if opts.pytorch_rows { rows::run(&mut b)? } else { Vec::new() };
-    let torch = opts.pytorch_rows.then(|| rows::torch(&b, rows::row_count(opts.quick)));
-    let overhead =
-        if opts.overhead || (!opts.pytorch_rows && opts.only.is_none()) { Some(overhead::run(&mut b)?) } else { None };
+    let pytorch_rows = if opts.pytorch_rows { runs::rows::run(&mut b)? } else { Vec::new() };
+    let torch = opts.pytorch_rows.then(|| runs::rows::torch(&b, runs::rows::row_count(opts.quick)));
+    let overhead = if opts.overhead || (!opts.pytorch_rows && opts.only.is_none()) {
+        Some(runs::overhead::run(&mut b)?)
+    } else {
+        None
+    };
 
     let summary = Summary {
         gpu: &b.gpu,

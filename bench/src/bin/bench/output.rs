@@ -1,9 +1,9 @@
 //! The results for people (tables, the targets, what it means) and for machines
 //! (JSON, CSV, an SVG chart).
 
-use crate::overlap::{self, Overlap};
 use crate::results::{Intact, Kind, Row, Sample};
-use crate::rows;
+use crate::runs::overlap::{self, Overlap};
+use crate::runs::rows;
 use crate::script;
 use crate::summary::{EMULATED, Summary};
 use crate::targets::{self, Target};
@@ -802,7 +802,7 @@ pub fn json(sm: &Summary) -> String {
         results: sm.rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),
         pytorch_rows: sm.pytorch_rows.iter().map(|r| RowJson::new(r, sm.line_rate)).collect(),
         overhead: sm.overhead.map(|o| OverheadJson {
-            copy_bytes: crate::overhead::COPY_BYTES,
+            copy_bytes: crate::runs::overhead::COPY_BYTES,
             copies_each: o.copies(),
             rounds: o.rounds,
             safe_cpu_us_per_copy: o.safe_cpu_us,

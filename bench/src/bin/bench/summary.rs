@@ -3,10 +3,10 @@
 
 use crate::args::Options;
 use crate::gpu::Gpu;
-use crate::overhead::Overhead;
-use crate::overlap::Overlap;
 use crate::results::Row;
-use crate::rows;
+use crate::runs::overhead::Overhead;
+use crate::runs::overlap::Overlap;
+use crate::runs::rows;
 use crate::script;
 
 pub const EMULATED: &str = "EMULATED — numbers are not GPU measurements";

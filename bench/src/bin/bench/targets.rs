@@ -2,9 +2,9 @@
 //! PASS/MISS (or not measured, and why), and for a miss a measured reason
 //! where the bench can tell one.
 
-use crate::overhead::Overhead;
 use crate::results::Row;
-use crate::rows;
+use crate::runs::overhead::Overhead;
+use crate::runs::{overlap, rows};
 use crate::summary::Summary;
 use crate::util::{GIB, MIB, fmt_bytes};
 use wirespeed_pinned::Strategy;
@@ -500,7 +500,7 @@ fn overlap(s: &Summary) -> Target {
         "batches streamed into a caller-owned arena while the caller's stream works on each landed batch \
          (device-to-device copies, k calibrated to take as long as the streaming): wall <= {:.2}x max(stream alone, \
          compute alone)",
-        crate::overlap::TARGET_RATIO
+        overlap::TARGET_RATIO
     );
     if s.file.is_none() {
         return not_measured(name, target, "no file was streamed");
@@ -542,7 +542,7 @@ fn overlap(s: &Summary) -> Target {
             why.push(format!(
                 "calibration missed: compute alone is {bal:.2}x the streaming alone (k = {}{})",
                 o.k,
-                if o.k >= crate::overlap::MAX_K { ", the cap" } else { "" }
+                if o.k >= overlap::MAX_K { ", the cap" } else { "" }
             ));
         }
         if let Some(n) = o.registrations.filter(|&n| n > 0) {

@@ -300,7 +300,7 @@ fn ring_rows(
 pub type Torch = crate::script::Output;
 
 /// The script, built into the binary so that the bench runs it from any folder.
-const SCRIPT: &str = include_str!("../../../torch_rows.py");
+const SCRIPT: &str = include_str!("../../../../torch_rows.py");
 
 /// Runs torch_rows.py with the same rows and repetitions, so that one run
 /// prints both tables. It skips itself (exit 0) where torch or a GPU is missing.

@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::time::Duration;
 
 /// The script, built into the binary so that the bench runs it from any folder.
-pub const SCRIPT: &str = include_str!("../../../kvikio_read.py");
+pub const SCRIPT: &str = include_str!("../../../../kvikio_read.py");
 
 /// The sweep: KvikIO's num_threads and task_size values, and its bounce buffer size.
 pub const THREADS: &str = "8,16";
