@@ -22,9 +22,9 @@ mod args;
 mod checksum;
 mod data;
 mod gpu;
-mod output;
 mod progress;
 mod rawcuda;
+mod report;
 mod results;
 mod runs;
 mod script;
@@ -141,19 +141,19 @@ fn run(opts: Options) -> Result<ExitCode> {
         kvikio: kvikio.as_ref(),
     };
     // A closed stdout or stderr (`bench | head`) is not an error worth a panic.
-    let text = output::text(&summary);
+    let text = report::text::text(&summary);
     if opts.json {
         let _ = std::io::stderr().lock().write_all(text.as_bytes());
-        let _ = std::io::stdout().lock().write_all(output::json(&summary).as_bytes());
+        let _ = std::io::stdout().lock().write_all(report::json::json(&summary).as_bytes());
     } else {
         let _ = std::io::stdout().lock().write_all(text.as_bytes());
     }
     if let Some(dir) = &opts.out {
         let log = format!("{}{text}", progress.log());
         for (name, body) in [
-            ("results.json", output::json(&summary)),
-            ("results.csv", output::csv(&summary)?),
-            ("chart.svg", output::svg(&summary)),
+            ("results.json", report::json::json(&summary)),
+            ("results.csv", report::csv::csv(&summary)?),
+            ("chart.svg", report::svg::svg(&summary)),
             ("log.txt", log),
         ] {
             let p = dir.join(name);

@@ -2,7 +2,7 @@
 //! PASS/MISS (or not measured, and why), and for a miss a measured reason
 //! where the bench can tell one.
 
-use crate::results::Row;
+use crate::results::{Row, find};
 use crate::runs::overhead::Overhead;
 use crate::runs::{overlap, rows};
 use crate::summary::Summary;
@@ -25,10 +25,6 @@ pub struct Target {
     pub measured: String,
     /// For a miss (or a partial measurement): why, as far as the bench can tell.
     pub reason: Option<String>,
-}
-
-fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
-    rows.iter().find(|r| r.name == name && r.ok())
 }
 
 fn intact_ok(r: &Row) -> bool {
