@@ -3,6 +3,7 @@
 //! anew, the page cache kept or dropped.
 
 use crate::data::Data;
+use crate::progress::Callback;
 use crate::results::{Intact, Kind, Row};
 use crate::runs::dest::Dest;
 use crate::session::{Bench, settle, timed};
@@ -10,8 +11,8 @@ use crate::util::{Fatal, MIB, Result};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
-use wirespeed_cuda::{DeviceBuffer, DeviceSliceMut};
-use wirespeed_pinned::{MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
+use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut};
+use wirespeed_pinned::{Breakdown, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 /// One of the library's strategies.
 pub struct LibRun {
@@ -117,102 +118,200 @@ fn transfer_spans(
     Ok(first)
 }
 
+/// Runs `spec` on `data` into `dest`; its row.
 pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Result<Row> {
-    let len = spec.range.end - spec.range.start;
-    let mut row = Row::new(&spec.name, Kind::Stream, &spec.what, len);
-    let r = (|| -> Result<()> {
-        let dev = b.gpu.device;
-        let callback = b.progress.callback();
-        let make = |verify: bool| -> Result<Streamer> {
-            // Verifying needs a bounce buffer on top of what the strategy pins.
-            let budget =
-                if verify { PinBudget::new(spec.budget.limit().saturating_add(16 * MIB)) } else { spec.budget.clone() };
-            let mut config = StreamConfig::new(spec.strategy, budget);
-            config.verify = verify;
-            // Transfers are chained into one pass only without a callback
-            // (its counts are one transfer's).
-            config.progress = if spec.spans.is_some() { None } else { Some(callback.clone()) };
-            config.copy_streams = spec.copy_streams;
-            if let Some(n) = spec.reserve {
-                config.reserve_threads = n;
-            }
-            Ok(Streamer::new(&[dev], config)?)
-        };
-        let kept = if spec.fresh { None } else { Some(make(false)?) };
+    let run = Run { spec: &spec, data, dev: b.gpu.device, callback: b.progress.callback() };
+    let mut row = Row::new(&spec.name, Kind::Stream, &spec.what, run.len());
+    let r = run.measure(b, dest, &mut row);
+    let row = settle(row, r)?;
+    b.finished(&row);
+    Ok(row)
+}
+
+/// A library row being measured: what it runs, on which file, and how its
+/// streamers are made.
+struct Run<'a> {
+    spec: &'a LibRun,
+    data: &'a Data,
+    dev: Device,
+    callback: Callback,
+}
+
+impl Run<'_> {
+    /// Bytes per repetition.
+    fn len(&self) -> u64 {
+        self.spec.range.end - self.spec.range.start
+    }
+
+    /// A streamer for the row; `verify` for the extra pass that checks each
+    /// part as it lands.
+    fn streamer(&self, verify: bool) -> Result<Streamer> {
+        let spec = self.spec;
+        // Verifying needs a bounce buffer on top of what the strategy pins.
+        let budget =
+            if verify { PinBudget::new(spec.budget.limit().saturating_add(16 * MIB)) } else { spec.budget.clone() };
+        let mut config = StreamConfig::new(spec.strategy, budget);
+        config.verify = verify;
+        // Transfers are chained into one pass only without a callback
+        // (its counts are one transfer's).
+        config.progress = if spec.spans.is_some() { None } else { Some(self.callback.clone()) };
+        config.copy_streams = spec.copy_streams;
+        if let Some(n) = spec.reserve {
+            config.reserve_threads = n;
+        }
+        Ok(Streamer::new(&[self.dev], config)?)
+    }
+
+    fn transfer(&self, st: &Streamer, file: &Arc<MappedFile>, target: &mut Dest) -> Result<Report> {
+        transfer(st, file, &self.spec.range, target, self.spec.spans)
+    }
+
+    /// The untimed first pass, every repetition, and the check of the data.
+    fn measure(&self, b: &mut Bench, dest: &mut Dest, row: &mut Row) -> Result<()> {
+        let kept = if self.spec.fresh { None } else { Some(self.streamer(false)?) };
         // A range shorter than the destination gets its own buffer of its size.
+        let len = self.len();
         let mut own;
         let target: &mut Dest = if len < dest.buf.len() as u64 && !dest.scratch {
-            own = Dest { buf: DeviceBuffer::new(&dev, len as usize)?, scratch: false };
+            own = Dest { buf: DeviceBuffer::new(&self.dev, len as usize)?, scratch: false };
             &mut own
         } else {
             dest
         };
         if let Some(st) = &kept
-            && spec.warm_up
+            && self.spec.warm_up
         {
-            b.progress.begin(&format!("{} (untimed first pass)", row.name), 1, 1);
-            let (rep, s) = timed(|| transfer(st, &data.file, &spec.range, target, spec.spans))?;
-            row.note("untimed first pass GB/s", format!("{:.2}", len as f64 / s.seconds / 1e9));
-            if rep.registrations > 0 {
-                row.note("its registrations", rep.registrations.to_string());
-            }
+            self.warm_up(b, st, target, row)?;
         }
-        let mut regs = 0;
-        let mut breakdowns = Vec::new();
-        // Per repetition: making and dropping a fresh streamer, mapping and
-        // unmapping the file (zero where the row does not).
-        let mut edges: Vec<[f64; 4]> = Vec::new();
-        let reps = spec.reps.max(1);
+        let mut tally = Tally::default();
+        let reps = self.spec.reps.max(1);
         for rep in 0..reps {
             target.clear(&b.stream)?;
-            if spec.cold {
-                data.file.drop_page_cache()?;
-                if rep == 0 {
-                    let resident = data.file.resident_bytes(spec.range.clone())?;
-                    row.note(
-                        "resident after dropping the cache",
-                        format!("{:.1} %", resident as f64 * 100.0 / len as f64),
-                    );
-                }
+            if self.spec.cold {
+                self.drop_cache(rep, row)?;
             }
-            spec.budget.reset_peak();
+            self.spec.budget.reset_peak();
             b.progress.begin(&row.name, rep + 1, reps);
-            let (report, s) = timed(|| {
-                let t = Instant::now();
-                let fresh = if kept.is_none() { Some(make(false)?) } else { None };
-                let made = t.elapsed().as_secs_f64();
-                let st = fresh.as_ref().or(kept.as_ref()).ok_or_else(|| Fatal::Run("no streamer".into()))?;
-                let t = Instant::now();
-                // SAFETY: the bench's file is not written while the bench runs.
-                let mapped = if spec.new_map { Some(unsafe { MappedFile::open(&data.path) }?) } else { None };
-                let opened = t.elapsed().as_secs_f64();
-                let r = transfer(st, mapped.as_ref().unwrap_or(&data.file), &spec.range, target, spec.spans)?;
-                dev.synchronize()?;
-                let t = Instant::now();
-                drop(fresh); // a fresh streamer's teardown (unregistering) belongs to its pass
-                let dropped = t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                drop(mapped); // and so does unmapping a file mapped for the pass
-                edges.push([made, dropped, opened, t.elapsed().as_secs_f64()]);
-                Ok(r)
-            })?;
-            row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
-            regs += report.registrations;
-            if spec.spans.is_some() && rep + 1 == reps {
-                let chained = if report.chained { "yes" } else { "no" };
-                row.note("every later transfer ran in the first one's pass", chained.to_string());
-            }
-            row.strategy = report.strategy.to_string();
-            row.resolved = Some(report.strategy);
-            // Where the agents' time went (one transfer's: not for spans,
-            // whose transfers overlap).
-            let extra = if spec.spans.is_none() { format!("; {}", report.breakdown) } else { String::new() };
-            breakdowns.push((s.seconds, report.breakdown));
-            b.sample_done_with(&mut row, s, reps, &extra);
+            let ((report, edges), s) = timed(|| self.pass(kept.as_ref(), target))?;
+            tally.edges.push(edges);
+            let extra = tally.add(self.spec, row, &report, s.seconds, rep + 1 == reps);
+            b.sample_done_with(row, s, reps, &extra);
         }
-        row.registrations = Some(regs / reps as u64);
+        tally.finish(self.spec, row, reps);
+        self.check(b, kept, target, row)
+    }
+
+    /// The pass a program would make first, untimed: the streamer allocates
+    /// its ring or registers what it keeps.
+    fn warm_up(&self, b: &Bench, st: &Streamer, target: &mut Dest, row: &mut Row) -> Result<()> {
+        b.progress.begin(&format!("{} (untimed first pass)", row.name), 1, 1);
+        let (rep, s) = timed(|| self.transfer(st, &self.data.file, target))?;
+        row.note("untimed first pass GB/s", format!("{:.2}", self.len() as f64 / s.seconds / 1e9));
+        if rep.registrations > 0 {
+            row.note("its registrations", rep.registrations.to_string());
+        }
+        Ok(())
+    }
+
+    /// Drops the file's page cache before repetition `rep`; the first time,
+    /// notes what stayed resident.
+    fn drop_cache(&self, rep: usize, row: &mut Row) -> Result<()> {
+        self.data.file.drop_page_cache()?;
+        if rep == 0 {
+            let resident = self.data.file.resident_bytes(self.spec.range.clone())?;
+            row.note(
+                "resident after dropping the cache",
+                format!("{:.1} %", resident as f64 * 100.0 / self.len() as f64),
+            );
+        }
+        Ok(())
+    }
+
+    /// One timed pass, with the streamer made and the file mapped for it
+    /// where the row asks (`fresh`, `new_map`), and dropped after it. Answers
+    /// the report and the seconds of making and dropping the streamer,
+    /// mapping and unmapping the file (zero where the row does not).
+    fn pass(&self, kept: Option<&Streamer>, target: &mut Dest) -> Result<(Report, [f64; 4])> {
+        let t = Instant::now();
+        let fresh = if kept.is_none() { Some(self.streamer(false)?) } else { None };
+        let made = t.elapsed().as_secs_f64();
+        let st = fresh.as_ref().or(kept).ok_or_else(|| Fatal::Run("no streamer".into()))?;
+        let t = Instant::now();
+        // SAFETY: the bench's file is not written while the bench runs.
+        let mapped = if self.spec.new_map { Some(unsafe { MappedFile::open(&self.data.path) }?) } else { None };
+        let opened = t.elapsed().as_secs_f64();
+        let r = self.transfer(st, mapped.as_ref().unwrap_or(&self.data.file), target)?;
+        self.dev.synchronize()?;
+        let t = Instant::now();
+        drop(fresh); // a fresh streamer's teardown (unregistering) belongs to its pass
+        let dropped = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        drop(mapped); // and so does unmapping a file mapped for the pass
+        Ok((r, [made, dropped, opened, t.elapsed().as_secs_f64()]))
+    }
+
+    /// Whether the data arrived intact: the destination's checksum against
+    /// the file's, or, where parts overwrote each other in a scratch buffer,
+    /// one more pass in which the library checks each part as it lands.
+    fn check(&self, b: &mut Bench, kept: Option<Streamer>, target: &mut Dest, row: &mut Row) -> Result<()> {
+        let len = self.len();
+        if target.scratch && len > target.buf.len() as u64 {
+            // Parts that share scratch bytes may land in any order (threads,
+            // windows from the front and the ring from the back): no final
+            // image can be predicted, so the library checks each part as it
+            // lands, in one more pass, untimed.
+            drop(kept);
+            b.progress.begin(&format!("{} (untimed verifying pass)", row.name), 1, 1);
+            row.intact = match self.streamer(true).and_then(|st| self.transfer(&st, &self.data.file, target)) {
+                Ok(Report { verified: Some(ok), .. }) => Intact::Verified(ok),
+                Ok(_) => Intact::Unchecked("the library did not verify".into()),
+                Err(e) => Intact::Unchecked(format!("the verifying pass failed: {e}")),
+            };
+        } else {
+            let from = self.spec.range.start as usize;
+            let whole = (self.spec.range == (0..self.data.len)).then_some(self.data.checksum);
+            row.intact = target.verify(b, &self.data.bytes()[from..from + len as usize], whole)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the repetitions leave beside their samples.
+#[derive(Default)]
+struct Tally {
+    registrations: u64,
+    /// Each repetition's wall seconds and where its agents' time went.
+    breakdowns: Vec<(f64, Breakdown)>,
+    /// Each repetition's seconds of making and dropping a fresh streamer,
+    /// mapping and unmapping the file.
+    edges: Vec<[f64; 4]>,
+}
+
+impl Tally {
+    /// Takes one repetition's report into `row`; answers what its progress
+    /// line adds to the figures.
+    fn add(&mut self, spec: &LibRun, row: &mut Row, report: &Report, seconds: f64, last: bool) -> String {
+        row.peak_pinned = row.peak_pinned.max(report.peak_pinned).max(spec.budget.peak());
+        self.registrations += report.registrations;
+        if spec.spans.is_some() && last {
+            let chained = if report.chained { "yes" } else { "no" };
+            row.note("every later transfer ran in the first one's pass", chained.to_string());
+        }
+        row.strategy = report.strategy.to_string();
+        row.resolved = Some(report.strategy);
+        // Where the agents' time went (one transfer's: not for spans,
+        // whose transfers overlap).
+        let extra = if spec.spans.is_none() { format!("; {}", report.breakdown) } else { String::new() };
+        self.breakdowns.push((seconds, report.breakdown));
+        extra
+    }
+
+    /// The registrations per repetition, the medians of the setup and
+    /// teardown times the row asked for, and the median repetition's breakdown.
+    fn finish(mut self, spec: &LibRun, row: &mut Row, reps: usize) {
+        row.registrations = Some(self.registrations / reps as u64);
         let median_ms = |i: usize| {
-            let mut v: Vec<f64> = edges.iter().map(|e| e[i] * 1e3).collect();
+            let mut v: Vec<f64> = self.edges.iter().map(|e| e[i] * 1e3).collect();
             v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).copied().unwrap_or(0.0)
         };
@@ -225,32 +324,11 @@ pub fn library(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Res
             row.note("the file mapped in", what);
         }
         if spec.spans.is_none() {
-            breakdowns.sort_by(|a, b| a.0.total_cmp(&b.0));
-            if let Some(&(seconds, median)) = breakdowns.get(breakdowns.len() / 2) {
+            self.breakdowns.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if let Some(&(seconds, median)) = self.breakdowns.get(self.breakdowns.len() / 2) {
                 row.note("where its agents' time went (the median repetition)", median.to_string());
                 row.breakdown = Some((seconds, median));
             }
         }
-        if target.scratch && len > target.buf.len() as u64 {
-            // Parts that share scratch bytes may land in any order (threads,
-            // windows from the front and the ring from the back): no final
-            // image can be predicted, so the library checks each part as it
-            // lands, in one more pass, untimed.
-            drop(kept);
-            b.progress.begin(&format!("{} (untimed verifying pass)", row.name), 1, 1);
-            row.intact = match make(true).and_then(|st| transfer(&st, &data.file, &spec.range, target, spec.spans)) {
-                Ok(Report { verified: Some(ok), .. }) => Intact::Verified(ok),
-                Ok(_) => Intact::Unchecked("the library did not verify".into()),
-                Err(e) => Intact::Unchecked(format!("the verifying pass failed: {e}")),
-            };
-        } else {
-            let from = spec.range.start as usize;
-            let whole = (spec.range == (0..data.len)).then_some(data.checksum);
-            row.intact = target.verify(b, &data.bytes()[from..from + len as usize], whole)?;
-        }
-        Ok(())
-    })();
-    let row = settle(row, r)?;
-    b.finished(&row);
-    Ok(row)
+    }
 }
