@@ -22,6 +22,7 @@ mod args;
 mod checksum;
 mod data;
 mod gpu;
+mod plan;
 mod progress;
 mod rawcuda;
 mod report;
@@ -35,8 +36,11 @@ mod util;
 
 use args::Options;
 use clap::Parser;
+use plan::Plan;
 use progress::Progress;
-use results::Kind;
+use results::{Kind, Row};
+use runs::file::Streamed;
+use runs::overlap::Overlap;
 use session::Bench;
 use std::io::Write;
 use std::process::ExitCode;
@@ -69,67 +73,25 @@ fn run(opts: Options) -> Result<ExitCode> {
     }
     progress.note(&gpu.describe());
     progress.note(&gpu.host);
-    let threads = opts.threads();
-    let reps = opts.reps();
-    let target_reps = opts.target_reps();
-    let stream = wirespeed_cuda::Stream::new(&gpu.device)?;
-    let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
-    let readback = checksum::Readback::new(&stream, readback_bytes, threads)?;
-    let mut b = Bench {
-        opts: opts.clone(),
-        gpu,
-        stream,
-        progress: progress.clone(),
-        threads,
-        reps,
-        target_reps,
-        readback,
-        line_rate: 0.0,
-    };
+    let plan = Plan::new(&opts, opts.threads());
+    let mut b = Bench::new(&opts, gpu, progress.clone())?;
 
     let line = runs::line_rate::line_rate(&mut b)?;
-    let mut rows = Vec::new();
-    let mut file = None;
-    let mut kvikio = None;
-    let mut overlap = None;
-    if opts.streams() {
-        let data = data::prepare(&opts, threads, &progress)?;
-        let budget = opts.budget.unwrap_or_else(|| round_down(data.len / 8, MIB));
-        progress.note(&format!(
-            "pin budget {} (the file, {}, is {:.1}x the budget)",
-            fmt_bytes(budget),
-            fmt_bytes(data.len),
-            data.len as f64 / budget as f64
-        ));
-        let streamed = runs::file::stream_all(&mut b, &data, budget)?;
-        rows = streamed.rows;
-        kvikio = streamed.kvikio;
-        overlap = streamed.overlap;
-        file = Some(FileInfo {
-            path: data.path.display().to_string(),
-            bytes: data.len,
-            demo: data.demo,
-            checksum: data.checksum,
-            budget,
-            destination: streamed.destination,
-            notes: data.notes.clone(),
-            mem: data.mem,
-        });
-    } // the demo file is removed here
-    let pytorch_rows = if opts.pytorch_rows { runs::rows::run(&mut b)? } else { Vec::new() };
-    let torch = opts.pytorch_rows.then(|| runs::rows::torch(&b, runs::rows::row_count(opts.quick)));
-    let overhead = if opts.overhead || (!opts.pytorch_rows && opts.only.is_none()) {
-        Some(runs::overhead::run(&mut b)?)
-    } else {
-        None
-    };
+    let (streamed, file) = if opts.streams() { stream_file(&mut b, &plan)? } else { (None, None) };
+    let pytorch_rows = if plan.pytorch_rows { runs::rows::run(&mut b)? } else { Vec::new() };
+    let torch = plan.pytorch_rows.then(|| runs::rows::torch(&b, runs::rows::row_count(opts.quick)));
+    let overhead = if plan.overhead { Some(runs::overhead::run(&mut b)?) } else { None };
 
+    let (rows, overlap, kvikio) = match streamed {
+        Some(s) => (s.rows, s.overlap, s.kvikio),
+        None => (Vec::new(), None, None),
+    };
     let summary = Summary {
         gpu: &b.gpu,
         opts: &opts,
-        threads,
-        reps,
-        target_reps,
+        threads: b.threads,
+        reps: b.reps,
+        target_reps: b.target_reps,
         line_rate: b.line_rate,
         line: &line,
         file,
@@ -140,38 +102,75 @@ fn run(opts: Options) -> Result<ExitCode> {
         torch: torch.as_ref(),
         kvikio: kvikio.as_ref(),
     };
+    write(&summary, &progress)?;
+    // Another tool's failure (KvikIO's) is shown, not counted.
+    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows).filter(|r| r.kind != Kind::External);
+    Ok(exit_status(all, overlap.as_ref()))
+}
+
+/// Writes the demo file (or opens FILE) and runs the plan's runs of it; the
+/// demo file is removed when this returns.
+fn stream_file(b: &mut Bench, plan: &Plan) -> Result<(Option<Streamed>, Option<FileInfo>)> {
+    let data = data::prepare(&b.opts, b.threads, &b.progress)?;
+    let budget = b.opts.budget.unwrap_or_else(|| round_down(data.len / 8, MIB));
+    b.progress.note(&format!(
+        "pin budget {} (the file, {}, is {:.1}x the budget)",
+        fmt_bytes(budget),
+        fmt_bytes(data.len),
+        data.len as f64 / budget as f64
+    ));
+    let streamed = runs::file::stream_all(b, &data, budget, &plan.file)?;
+    let file = FileInfo {
+        path: data.path.display().to_string(),
+        bytes: data.len,
+        demo: data.demo,
+        checksum: data.checksum,
+        budget,
+        destination: streamed.destination.clone(),
+        notes: data.notes.clone(),
+        mem: data.mem,
+    };
+    Ok((Some(streamed), Some(file)))
+}
+
+/// The report on stdout (with `--json`, the JSON there and the report on
+/// stderr), and with `--out` the files in its folder.
+fn write(summary: &Summary, progress: &Progress) -> Result<()> {
     // A closed stdout or stderr (`bench | head`) is not an error worth a panic.
-    let text = report::text::text(&summary);
-    if opts.json {
+    let text = report::text::text(summary);
+    if summary.opts.json {
         let _ = std::io::stderr().lock().write_all(text.as_bytes());
-        let _ = std::io::stdout().lock().write_all(report::json::json(&summary).as_bytes());
+        let _ = std::io::stdout().lock().write_all(report::json::json(summary).as_bytes());
     } else {
         let _ = std::io::stdout().lock().write_all(text.as_bytes());
     }
-    if let Some(dir) = &opts.out {
-        let log = format!("{}{text}", progress.log());
-        for (name, body) in [
-            ("results.json", report::json::json(&summary)),
-            ("results.csv", report::csv::csv(&summary)?),
-            ("chart.svg", report::svg::svg(&summary)),
-            ("log.txt", log),
-        ] {
-            let p = dir.join(name);
-            std::fs::write(&p, body).context(|| format!("writing {}", p.display()))?;
-        }
-        eprintln!("wrote results.json, results.csv, chart.svg and log.txt to {}", dir.display());
+    let Some(dir) = &summary.opts.out else { return Ok(()) };
+    let log = format!("{}{text}", progress.log());
+    for (name, body) in [
+        ("results.json", report::json::json(summary)),
+        ("results.csv", report::csv::csv(summary)?),
+        ("chart.svg", report::svg::svg(summary)),
+        ("log.txt", log),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, body).context(|| format!("writing {}", p.display()))?;
     }
-    // Another tool's failure (KvikIO's) is shown, not counted.
-    let all = std::iter::once(&line).chain(&rows).chain(&pytorch_rows).filter(|r| r.kind != Kind::External);
+    eprintln!("wrote results.json, results.csv, chart.svg and log.txt to {}", dir.display());
+    Ok(())
+}
+
+/// 0 when every run finished and its data arrived intact, else 1 (and
+/// which did not, on stderr).
+fn exit_status<'a>(rows: impl Iterator<Item = &'a Row>, overlap: Option<&Overlap>) -> ExitCode {
     let mut failed: Vec<&str> =
-        all.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
-    if overlap.as_ref().is_some_and(|o| o.error.is_some() || o.intact.as_bool() == Some(false)) {
+        rows.filter(|r| r.error.is_some() || r.intact.as_bool() == Some(false)).map(|r| r.name.as_str()).collect();
+    if overlap.is_some_and(|o| o.error.is_some() || o.intact.as_bool() == Some(false)) {
         failed.push("overlap");
     }
     if failed.is_empty() {
-        Ok(ExitCode::SUCCESS)
+        ExitCode::SUCCESS
     } else {
         eprintln!("bench: {} run(s) failed or delivered damaged data: {}", failed.len(), failed.join(", "));
-        Ok(ExitCode::from(1))
+        ExitCode::from(1)
     }
 }

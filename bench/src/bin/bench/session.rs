@@ -6,7 +6,7 @@ use crate::checksum::Readback;
 use crate::gpu::Gpu;
 use crate::progress::Progress;
 use crate::results::{Kind, Row, Sample};
-use crate::util::{Fatal, Result};
+use crate::util::{Fatal, MIB, Result};
 use std::sync::Arc;
 use std::time::Instant;
 use wirespeed_bench::cpu;
@@ -29,6 +29,28 @@ pub struct Bench {
 }
 
 impl Bench {
+    /// What the runs of `opts` on `gpu` share: the stream they copy on, the
+    /// readback of what arrived, their threads and repetitions.
+    pub fn new(opts: &Options, gpu: Gpu, progress: Arc<Progress>) -> Result<Bench> {
+        let threads = opts.threads();
+        let stream = Stream::new(&gpu.device)?;
+        let readback_bytes = if opts.quick { 64 * MIB } else { 256 * MIB } as usize;
+        let readback = Readback::new(&stream, readback_bytes, threads)?;
+        Ok(Bench {
+            opts: opts.clone(),
+            gpu,
+            stream,
+            progress,
+            threads,
+            reps: opts.reps(),
+            target_reps: opts.target_reps(),
+            readback,
+            line_rate: 0.0,
+        })
+    }
+
+    /// A repetition's progress line: its GB/s, fraction of the line rate
+    /// and CPU seconds per GB, then `extra`.
     pub fn label(&self, row: &Row, s: &Sample, reps: usize, extra: &str) -> String {
         let gbps = row.bytes as f64 / s.seconds.max(1e-12) / 1e9;
         let frac =

@@ -53,13 +53,6 @@ pub fn direct_for(threads: usize, budget: u64) -> Strategy {
 /// default 8 threads with 4 slots of 4 MiB each): what the target allows it.
 pub const RING_CACHE_BUDGET: u64 = 128 * MIB;
 
-/// Ring filler-thread counts: 1, 4, 8 and the maximum, up to the maximum.
-pub fn ring_threads(max: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = [1, 4, 8].into_iter().filter(|&t| t < max).collect();
-    v.push(max);
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
