@@ -9,14 +9,16 @@
 //! ```text
 //! cargo run --release -p wirespeed-bench                         # demo file, every strategy
 //! cargo run --release -p wirespeed-bench -- my.memmap            # your file
-//! cargo run --release -p wirespeed-bench -- --pytorch-rows       # PyTorch's row-by-row copy
+//! cargo run --release -p wirespeed-bench -- --pytorch-rows       # every strategy, and PyTorch's row-by-row copy
 //! cargo run -p wirespeed-bench --features emulator -- --emulated --quick   # no GPU needed
-//! bench --size 4G --budget 512M --pytorch-rows --overhead --out results/   # every target, KvikIO where importable
+//! bench --size 4G --budget 512M --pytorch-rows --out results/   # every target, KvikIO where importable
 //! bench --size 40G --budget 4G --only auto --out results-40g/              # the page-cached target at scale
 //! bench --only overlap                                                      # streaming overlapped with the caller's work
 //! ```
 //!
-//! See `bench --help` for every option.
+//! `--pytorch-rows`, `--strategy` and `--overhead` add to the default run;
+//! `--only` and `--no-cold` narrow it, and the bench says what they leave out
+//! before it starts. See `bench --help` for every option.
 
 mod args;
 mod checksum;
@@ -63,9 +65,7 @@ fn run(opts: Options) -> Result<ExitCode> {
     if let Some(dir) = &opts.out {
         std::fs::create_dir_all(dir).map_err(|e| Fatal::Usage(format!("--out {}: {e}", dir.display())))?;
     }
-    if opts.streams() {
-        data::preflight(&opts)?; // a bad FILE fails before any measurement
-    }
+    data::preflight(&opts)?; // a bad FILE fails before any measurement
     let progress = Progress::new();
     let gpu = gpu::select(&opts)?;
     if gpu.emulated {
@@ -74,18 +74,18 @@ fn run(opts: Options) -> Result<ExitCode> {
     progress.note(&gpu.describe());
     progress.note(&gpu.host);
     let plan = Plan::new(&opts, opts.threads());
+    for line in plan.statement(&opts) {
+        progress.note(&line);
+    }
     let mut b = Bench::new(&opts, gpu, progress.clone())?;
 
     let line = runs::line_rate::line_rate(&mut b)?;
-    let (streamed, file) = if opts.streams() { stream_file(&mut b, &plan)? } else { (None, None) };
+    let (streamed, file) = stream_file(&mut b, &plan)?;
     let pytorch_rows = if plan.pytorch_rows { runs::rows::run(&mut b)? } else { Vec::new() };
     let torch = plan.pytorch_rows.then(|| runs::rows::torch(&b, runs::rows::row_count(opts.quick)));
     let overhead = if plan.overhead { Some(runs::overhead::run(&mut b)?) } else { None };
 
-    let (rows, overlap, kvikio) = match streamed {
-        Some(s) => (s.rows, s.overlap, s.kvikio),
-        None => (Vec::new(), None, None),
-    };
+    let Streamed { rows, overlap, kvikio, .. } = streamed;
     let summary = Summary {
         gpu: &b.gpu,
         opts: &opts,
@@ -94,7 +94,7 @@ fn run(opts: Options) -> Result<ExitCode> {
         target_reps: b.target_reps,
         line_rate: b.line_rate,
         line: &line,
-        file,
+        file: Some(file),
         rows: &rows,
         pytorch_rows: &pytorch_rows,
         overhead: overhead.as_ref(),
@@ -110,7 +110,7 @@ fn run(opts: Options) -> Result<ExitCode> {
 
 /// Writes the demo file (or opens FILE) and runs the plan's runs of it; the
 /// demo file is removed when this returns.
-fn stream_file(b: &mut Bench, plan: &Plan) -> Result<(Option<Streamed>, Option<FileInfo>)> {
+fn stream_file(b: &mut Bench, plan: &Plan) -> Result<(Streamed, FileInfo)> {
     let data = data::prepare(&b.opts, b.threads, &b.progress)?;
     let budget = b.opts.budget.unwrap_or_else(|| round_down(data.len / 8, MIB));
     b.progress.note(&format!(
@@ -130,7 +130,7 @@ fn stream_file(b: &mut Bench, plan: &Plan) -> Result<(Option<Streamed>, Option<F
         notes: data.notes.clone(),
         mem: data.mem,
     };
-    Ok((Some(streamed), Some(file)))
+    Ok((streamed, file))
 }
 
 /// The report on stdout (with `--json`, the JSON there and the report on
