@@ -44,7 +44,9 @@ fn absent(rows: &[Row], name: &str) -> String {
     }
 }
 
-/// "hybrid ... (5 reps): 0.931 of the line rate (min 0.902, max 0.95) = 51.2 GB/s, 0.081 CPU s/GB (0.072-0.090), ..."
+/// What a row of the file measured, for a target: its strategy and repetitions,
+/// the fraction of the line rate (slowest, fastest) and GB/s, CPU seconds per
+/// GB (min-max), peak pinned bytes and whether the data arrived intact.
 fn stream_measured(r: &Row, lr: f64) -> String {
     let (f, c, g) = (r.fractions(lr), r.cpu_stats(), r.gbps());
     format!(

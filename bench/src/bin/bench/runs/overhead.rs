@@ -4,11 +4,11 @@
 //! variant, raw `cudaSetDevice` + `cudaMemcpyAsync`, shows what making the
 //! device current on every call would cost (cuda-safe caches it per thread).
 //!
-//! The time per copy can drift between rounds (by half or more, for both sides
-//! alike), so the figure reported is
-//! paired: the median over rounds of safe / raw within the same round. The
-//! ratio of the two sides' overall medians is shown too; it can land the two
-//! medians in different modes. The thread stays on one CPU while it measures.
+//! The time per copy can drift between rounds, for both sides alike, so the
+//! figure reported is paired: the median over rounds of safe / raw within the
+//! same round. The ratio of the two sides' overall medians is shown too; it
+//! can land the two medians in different modes. The thread stays on one CPU
+//! while it measures.
 
 use crate::rawcuda;
 use crate::session::Bench;
