@@ -145,10 +145,12 @@ impl Plan {
                     left_out.extend(names.iter().filter_map(|n| Some((n.clone(), opts.left_out_by(n)?))));
                     let kept = |n: &str| opts.selected(n);
                     match run {
-                        FileRun::Kvikio { .. } if kept("kvikio-hot") || kept("kvikio-cold") => {
-                            file.push(FileRun::Kvikio { hot: kept("kvikio-hot"), cold: kept("kvikio-cold") });
+                        FileRun::Kvikio { .. } => {
+                            let (hot, cold) = (kept("kvikio-hot"), kept("kvikio-cold"));
+                            if hot || cold {
+                                file.push(FileRun::Kvikio { hot, cold });
+                            }
                         }
-                        FileRun::Kvikio { .. } => {}
                         run if names.iter().all(|n| kept(n)) => file.push(run),
                         _ => {}
                     }

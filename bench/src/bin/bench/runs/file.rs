@@ -72,7 +72,7 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64, runs: &[FileRun]) -> 
             FileRun::DiskDirect => disk_direct(b, data)?,
             FileRun::Library(l @ (Lib::ColdAuto | Lib::ColdDirect)) if data.tmpfs => on_disk(&l.name(), Kind::Stream),
             FileRun::Library(Lib::Custom(i)) if data.tmpfs && specs.customs[i].cold => continue,
-            FileRun::Library(lib) => library_row(b, data, &mut dest, specs.spec(lib))?,
+            FileRun::Library(lib) => library_row(b, data, &mut dest, &specs, lib)?,
         };
         out.rows.push(row);
     }
@@ -80,10 +80,9 @@ pub fn stream_all(b: &mut Bench, data: &Data, budget: u64, runs: &[FileRun]) -> 
 }
 
 /// A library row; the one-shot row also says what a streamer's setup costs alone.
-fn library_row(b: &mut Bench, data: &Data, dest: &mut Dest, spec: LibRun) -> Result<Row> {
-    let one_shot = spec.name == Lib::OneShot.name();
-    let mut row = library(b, data, dest, spec)?;
-    if one_shot && row.ok() {
+fn library_row(b: &mut Bench, data: &Data, dest: &mut Dest, specs: &Specs, lib: Lib) -> Result<Row> {
+    let mut row = library(b, data, dest, specs.spec(lib))?;
+    if lib == Lib::OneShot && row.ok() {
         row.note("what a streamer's setup costs here, alone", setup_anchors(&b.gpu.device));
     }
     Ok(row)
