@@ -20,7 +20,7 @@ prints the milliseconds of each pass:
 
 Run it with nothing else on the GPU. The folder must have 8 GiB free (the
 files are removed at the end); put it on the file system whose files you
-stream (a tmpfs without huge pages registers at about half the rate).
+stream (a tmpfs without huge pages registers more slowly).
 """
 
 import argparse

@@ -14,7 +14,11 @@
 //! copied back and compared.
 
 use clap::Parser;
+use std::cell::RefCell;
+use std::ops::Range;
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 use wirespeed_bench::cpu;
 use wirespeed_bench::{parse_count, parse_size, pattern_file};
@@ -83,136 +87,9 @@ fn run() -> Res<()> {
     let devs = Device::all().map_err(err("no GPU"))?;
     let names: Vec<String> = devs.iter().map(|d| d.name().unwrap_or_default()).collect();
     println!("{} device(s): {}{}", devs.len(), names.join(", "), if emulated { "  [EMULATED]" } else { "" });
-    let probe = 256 * MIB as usize;
-    let probe = if emulated { probe / 16 } else { probe };
-    let mut per_gpu = Vec::new();
-    for d in &devs {
-        per_gpu.push(line_rate(std::slice::from_ref(d), probe, 8)?);
-    }
-    let sum: f64 = per_gpu.iter().sum();
-    let together = line_rate(&devs, probe, 8)?;
-    println!(
-        "line rate per GPU alone: {} GB/s (sum {sum:.2}); all GPUs at once from one portable pinned buffer: {together:.2} GB/s = {:.2} of the sum",
-        per_gpu.iter().map(|g| format!("{g:.2}")).collect::<Vec<_>>().join(" / "),
-        together / sum
-    );
-
+    let sum = line_rates(&devs, emulated)?;
     let temp = pattern_file("wirespeed-multi-", size).map_err(err("demo file"))?;
-    let path = temp.path();
-    let result = (|| -> Res<Vec<Row>> {
-        // SAFETY: the demo file is this process's own, written above, and
-        // nothing changes it until it is removed after the runs.
-        let file = unsafe { MappedFile::open(path) }.map_err(err("map"))?;
-        let len = file.len();
-        let budget = len / 8;
-        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
-        let mut dsts: Vec<DeviceBuffer<u8>> = devs
-            .iter()
-            .map(|d| DeviceBuffer::new(d, len as usize))
-            .collect::<Result<_, _>>()
-            .map_err(err("device buffers"))?;
-        // Reads `buf` (on device `i`) back and compares it with file bytes `r`
-        // (one pinned buffer, allocated once: pinning is slow).
-        let back = std::cell::RefCell::new(PinnedBuffer::<u8>::new(len as usize).map_err(err("readback"))?);
-        let check = |i: usize, buf: &DeviceBuffer<u8>, r: std::ops::Range<u64>| -> Res<bool> {
-            let mut back = back.borrow_mut();
-            let s = Stream::new(&devs[i]).map_err(err("stream"))?;
-            let mut view = back.slice_mut(0..buf.len()).map_err(err("readback"))?;
-            s.copy_to_host(buf, &mut view).map_err(err("readback"))?.wait().map_err(err("readback"))?;
-            Ok(back.as_slice().map_err(err("readback"))?[..buf.len()]
-                == file.as_bytes()[r.start as usize..r.end as usize])
-        };
-        let mut rows = Vec::new();
-        let kib64 = 64 << 10;
-        let slot = (budget / (2 * threads as u64)).clamp(kib64, 16 * MIB) as usize;
-        // The hybrid: a quarter of the budget to 4 ring threads (2 slots each), the
-        // rest to the 4 windows the library keeps registered at once.
-        let h_slot = (budget / 4 / 8 / kib64 * kib64).clamp(kib64, 16 * MIB);
-        let h_window = ((budget - 8 * h_slot) / 4 / kib64 * kib64).max(kib64);
-        let plans: Vec<(&str, Strategy, u64)> = vec![
-            ("broadcast windows", Strategy::Windows { window: (budget / 4) as usize, in_flight: 4 }, budget),
-            ("broadcast ring", Strategy::Ring { slots: 2 * threads, slot, threads }, budget),
-            (
-                "broadcast hybrid",
-                Strategy::Hybrid { window: h_window as usize, slot: h_slot as usize, threads: 4 },
-                budget,
-            ),
-            ("broadcast auto", Strategy::Auto, budget),
-            ("broadcast whole-file (reused)", Strategy::WholeFile, len + 4 * MIB),
-        ];
-        for (name, strategy, b) in plans {
-            let st = Streamer::new(&devs, StreamConfig::new(strategy, PinBudget::new(b))).map_err(err(name))?;
-            st.to_devices(&file, 0..len, &mut dsts).map_err(err(name))?; // untimed first pass
-            let (c0, t0) = (cpu::process_seconds(), Instant::now());
-            let mut used = String::new();
-            for _ in 0..reps {
-                used = st.to_devices(&file, 0..len, &mut dsts).map_err(err(name))?.strategy.to_string();
-            }
-            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
-            let moved = (len * devs.len() as u64 * reps as u64) as f64 / 1e9;
-            let mut intact = true;
-            for (i, d) in dsts.iter().enumerate() {
-                intact &= check(i, d, 0..len)?;
-            }
-            rows.push(Row { name: name.into(), strategy: used, gbps: moved / secs, cpu_per_gb: cpu / moved, intact });
-        }
-        // The file split: device i gets share i, one streamer per device, concurrently.
-        let n = devs.len() as u64;
-        let share = len.div_ceil(n).div_ceil(4096) * 4096;
-        let parts: Vec<(usize, std::ops::Range<u64>)> =
-            (0..n).map(|i| (i as usize, (i * share).min(len)..((i + 1) * share).min(len))).collect();
-        let streamers: Vec<Streamer> = devs
-            .iter()
-            .map(|d| Streamer::new(&[*d], StreamConfig::new(Strategy::Auto, PinBudget::new(budget / n))))
-            .collect::<Result<_, _>>()
-            .map_err(err("split"))?;
-        let mut shares: Vec<DeviceBuffer<u8>> = parts
-            .iter()
-            .map(|(i, r)| DeviceBuffer::new(&devs[*i], (r.end - r.start) as usize))
-            .collect::<Result<_, _>>()
-            .map_err(err("split buffers"))?;
-        drop(dsts); // room on the devices for the shares
-        let pass = |shares: &mut [DeviceBuffer<u8>]| -> Res<String> {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = streamers
-                    .iter()
-                    .zip(shares.iter_mut())
-                    .zip(parts.iter())
-                    .map(|((st, d), (_, r))| {
-                        let f = &file;
-                        s.spawn(move || {
-                            st.to_device(f, r.clone(), d).map(|rep| rep.strategy.to_string()).map_err(err("split"))
-                        })
-                    })
-                    .collect();
-                let mut used = String::new();
-                for h in hs {
-                    used = h.join().map_err(|_| "split: a thread panicked".to_string())??;
-                }
-                Ok(used)
-            })
-        };
-        pass(&mut shares)?; // untimed first pass
-        let (c0, t0) = (cpu::process_seconds(), Instant::now());
-        let mut used = String::new();
-        for _ in 0..reps {
-            used = pass(&mut shares)?;
-        }
-        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
-        let moved = (len * reps as u64) as f64 / 1e9;
-        let mut intact = true;
-        for ((i, r), d) in parts.iter().zip(&shares) {
-            intact &= check(*i, d, r.clone())?;
-        }
-        rows.push(Row {
-            name: "split (each GPU its share)".into(),
-            strategy: format!("{used} per GPU"),
-            gbps: moved / secs,
-            cpu_per_gb: cpu / moved,
-            intact,
-        });
-        Ok(rows)
-    })();
+    let result = stream_file(&devs, temp.path(), reps);
     drop(temp); // removes the demo file
     let rows = result?;
     println!(
@@ -236,6 +113,157 @@ fn run() -> Res<()> {
         return Err("data arrived damaged".into());
     }
     Ok(())
+}
+
+/// Each GPU's line rate alone and all of them at once, printed; answers the
+/// sum of the per-GPU rates.
+fn line_rates(devs: &[Device], emulated: bool) -> Res<f64> {
+    let probe = 256 * MIB as usize;
+    let probe = if emulated { probe / 16 } else { probe };
+    let mut per_gpu = Vec::new();
+    for d in devs {
+        per_gpu.push(line_rate(std::slice::from_ref(d), probe, 8)?);
+    }
+    let sum: f64 = per_gpu.iter().sum();
+    let together = line_rate(devs, probe, 8)?;
+    println!(
+        "line rate per GPU alone: {} GB/s (sum {sum:.2}); all GPUs at once from one portable pinned buffer: {together:.2} GB/s = {:.2} of the sum",
+        per_gpu.iter().map(|g| format!("{g:.2}")).collect::<Vec<_>>().join(" / "),
+        together / sum
+    );
+    Ok(sum)
+}
+
+/// The file at `path`, mapped, and what reads device memory back to compare
+/// it with the file (one pinned buffer, allocated once: pinning is slow).
+struct Check<'a> {
+    devs: &'a [Device],
+    file: Arc<MappedFile>,
+    back: RefCell<PinnedBuffer<u8>>,
+}
+
+impl Check<'_> {
+    /// Reads `buf` (on device `i`) back and compares it with file bytes `r`.
+    fn same(&self, i: usize, buf: &DeviceBuffer<u8>, r: Range<u64>) -> Res<bool> {
+        let mut back = self.back.borrow_mut();
+        let s = Stream::new(&self.devs[i]).map_err(err("stream"))?;
+        let mut view = back.slice_mut(0..buf.len()).map_err(err("readback"))?;
+        s.copy_to_host(buf, &mut view).map_err(err("readback"))?.wait().map_err(err("readback"))?;
+        Ok(back.as_slice().map_err(err("readback"))?[..buf.len()]
+            == self.file.as_bytes()[r.start as usize..r.end as usize])
+    }
+}
+
+/// The broadcast runs, then the split; the rows of both.
+fn stream_file(devs: &[Device], path: &Path, reps: usize) -> Res<Vec<Row>> {
+    // SAFETY: the demo file is this process's own, written by the caller,
+    // and nothing changes it until it is removed after the runs.
+    let file = unsafe { MappedFile::open(path) }.map_err(err("map"))?;
+    let len = file.len();
+    let mut dsts: Vec<DeviceBuffer<u8>> = devs
+        .iter()
+        .map(|d| DeviceBuffer::new(d, len as usize))
+        .collect::<Result<_, _>>()
+        .map_err(err("device buffers"))?;
+    let back = RefCell::new(PinnedBuffer::<u8>::new(len as usize).map_err(err("readback"))?);
+    let check = Check { devs, file, back };
+    let mut rows = broadcast(&check, &mut dsts, reps)?;
+    rows.push(split(&check, dsts, reps)?);
+    Ok(rows)
+}
+
+/// The whole file to every GPU at once, with each strategy, into `dsts`.
+fn broadcast(check: &Check, dsts: &mut [DeviceBuffer<u8>], reps: usize) -> Res<Vec<Row>> {
+    let (devs, file) = (check.devs, &check.file);
+    let len = file.len();
+    let budget = len / 8;
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let kib64 = 64 << 10;
+    let slot = (budget / (2 * threads as u64)).clamp(kib64, 16 * MIB) as usize;
+    // The hybrid: a quarter of the budget to 4 ring threads (2 slots each), the
+    // rest to the 4 windows the library keeps registered at once.
+    let h_slot = (budget / 4 / 8 / kib64 * kib64).clamp(kib64, 16 * MIB);
+    let h_window = ((budget - 8 * h_slot) / 4 / kib64 * kib64).max(kib64);
+    let plans: Vec<(&str, Strategy, u64)> = vec![
+        ("broadcast windows", Strategy::Windows { window: (budget / 4) as usize, in_flight: 4 }, budget),
+        ("broadcast ring", Strategy::Ring { slots: 2 * threads, slot, threads }, budget),
+        ("broadcast hybrid", Strategy::Hybrid { window: h_window as usize, slot: h_slot as usize, threads: 4 }, budget),
+        ("broadcast auto", Strategy::Auto, budget),
+        ("broadcast whole-file (reused)", Strategy::WholeFile, len + 4 * MIB),
+    ];
+    let mut rows = Vec::new();
+    for (name, strategy, b) in plans {
+        let st = Streamer::new(devs, StreamConfig::new(strategy, PinBudget::new(b))).map_err(err(name))?;
+        st.to_devices(file, 0..len, dsts).map_err(err(name))?; // untimed first pass
+        let (c0, t0) = (cpu::process_seconds(), Instant::now());
+        let mut used = String::new();
+        for _ in 0..reps {
+            used = st.to_devices(file, 0..len, dsts).map_err(err(name))?.strategy.to_string();
+        }
+        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
+        let moved = (len * devs.len() as u64 * reps as u64) as f64 / 1e9;
+        let mut intact = true;
+        for (i, d) in dsts.iter().enumerate() {
+            intact &= check.same(i, d, 0..len)?;
+        }
+        rows.push(Row { name: name.into(), strategy: used, gbps: moved / secs, cpu_per_gb: cpu / moved, intact });
+    }
+    Ok(rows)
+}
+
+/// The file split: device i gets share i, one streamer per device,
+/// concurrently. `dsts` are freed once the shares are allocated.
+fn split(check: &Check, dsts: Vec<DeviceBuffer<u8>>, reps: usize) -> Res<Row> {
+    let (devs, file) = (check.devs, &check.file);
+    let len = file.len();
+    let n = devs.len() as u64;
+    let share = len.div_ceil(n).div_ceil(4096) * 4096;
+    let parts: Vec<(usize, Range<u64>)> =
+        (0..n).map(|i| (i as usize, (i * share).min(len)..((i + 1) * share).min(len))).collect();
+    let streamers: Vec<Streamer> = devs
+        .iter()
+        .map(|d| Streamer::new(&[*d], StreamConfig::new(Strategy::Auto, PinBudget::new(len / 8 / n))))
+        .collect::<Result<_, _>>()
+        .map_err(err("split"))?;
+    let mut shares: Vec<DeviceBuffer<u8>> = parts
+        .iter()
+        .map(|(i, r)| DeviceBuffer::new(&devs[*i], (r.end - r.start) as usize))
+        .collect::<Result<_, _>>()
+        .map_err(err("split buffers"))?;
+    drop(dsts); // room on the devices for the shares
+    let pass = |shares: &mut [DeviceBuffer<u8>]| -> Res<String> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = streamers
+                .iter()
+                .zip(shares.iter_mut())
+                .zip(parts.iter())
+                .map(|((st, d), (_, r))| {
+                    s.spawn(move || {
+                        st.to_device(file, r.clone(), d).map(|rep| rep.strategy.to_string()).map_err(err("split"))
+                    })
+                })
+                .collect();
+            let mut used = String::new();
+            for h in hs {
+                used = h.join().map_err(|_| "split: a thread panicked".to_string())??;
+            }
+            Ok(used)
+        })
+    };
+    pass(&mut shares)?; // untimed first pass
+    let (c0, t0) = (cpu::process_seconds(), Instant::now());
+    let mut used = String::new();
+    for _ in 0..reps {
+        used = pass(&mut shares)?;
+    }
+    let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu::process_seconds() - c0);
+    let moved = (len * reps as u64) as f64 / 1e9;
+    let mut intact = true;
+    for ((i, r), d) in parts.iter().zip(&shares) {
+        intact &= check.same(*i, d, r.clone())?;
+    }
+    let strategy = format!("{used} per GPU");
+    Ok(Row { name: "split (each GPU its share)".into(), strategy, gbps: moved / secs, cpu_per_gb: cpu / moved, intact })
 }
 
 fn main() -> ExitCode {

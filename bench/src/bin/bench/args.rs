@@ -13,7 +13,10 @@ Which way of feeding the GPU from host memory is fast, by how much, and why.
 With no FILE it writes a demo file (4 GiB, less when disk or RAM are short) in the temporary \
 folder, streams it to GPU 0 with every strategy, and removes it. With FILE (any size, e.g. your \
 own np.memmap) it streams that file instead; it is mapped, so it must not be written or \
-truncated while the bench runs.";
+truncated while the bench runs. The line rate and the safe-layer overhead are measured too.
+
+--pytorch-rows, --strategy and --overhead add to that run; --only and --no-cold narrow it, and \
+--quick makes it small: the bench then says what it runs and what it leaves out before it starts.";
 
 const AFTER_HELP: &str = "The strategies (--only), the environment and the exit status: see --help.";
 
@@ -253,14 +256,15 @@ pub struct Options {
     #[arg(long, value_name = "N", value_parser = parse_count)]
     pub threads: Option<usize>,
 
-    /// Run only these strategies (named in --help; a family name such as `ring` or `cold` selects
-    /// all its members)
+    /// Run only these strategies of the file (named in --help; a family name such as `ring` or
+    /// `cold` selects all its members); the safe-layer overhead is then left out unless --overhead
+    /// is given. The bench says what this leaves out before it starts
     #[arg(long, value_name = "A,B,...", value_parser = parse_only)]
     pub only: Option<Only>,
 
-    /// PyTorch's row-by-row copy: 1024 rows of 2.5 MiB to the GPU one at a time, a fresh pinned
-    /// buffer per row vs pageable vs pinned once; with PyTorch's own rows where torch is
-    /// importable
+    /// Add PyTorch's row-by-row copy to the run: 1024 rows of 2.5 MiB to the GPU one at a time, a
+    /// fresh pinned buffer per row vs pageable vs pinned once; with PyTorch's own rows where torch
+    /// is importable
     #[arg(long)]
     pub pytorch_rows: bool,
 
@@ -269,7 +273,7 @@ pub struct Options {
     pub row_threads: usize,
 
     /// The safe-layer overhead microbenchmark (cuda-safe vs raw cuda-sys, CPU time per 64 KiB
-    /// async copy); runs in the default run too
+    /// async copy): in the run even when --only narrows it (the default run has it anyway)
     #[arg(long)]
     pub overhead: bool,
 
@@ -289,7 +293,8 @@ pub struct Options {
     #[arg(long)]
     pub quick: bool,
 
-    /// Skip the cold-read runs (kvikio-cold too) and the O_DIRECT disk measurement
+    /// Skip the cold-read runs (kvikio-cold too) and the O_DIRECT disk measurement (the bench says
+    /// so before it starts)
     #[arg(long)]
     pub no_cold: bool,
 }
@@ -310,21 +315,26 @@ impl Options {
         self.threads.map_or_else(crate::util::cores, |t| t.min(1024))
     }
 
-    /// Whether the file-streaming runs happen (not when only --pytorch-rows/--overhead were asked).
-    pub fn streams(&self) -> bool {
-        !(self.pytorch_rows || self.overhead) || self.file.is_some() || self.size.is_some() || self.only.is_some()
-    }
-
     /// Whether strategy `name` (e.g. "ring-4") was selected.
     pub fn selected(&self, name: &str) -> bool {
+        self.left_out_by(name).is_none()
+    }
+
+    /// The option that leaves strategy `name` out of the run (`--no-cold`
+    /// or `--only`), if one does.
+    pub fn left_out_by(&self, name: &str) -> Option<&'static str> {
         if self.no_cold && (name.starts_with("cold") || name == "disk-direct" || name == "kvikio-cold") {
-            return false;
+            return Some("--no-cold");
         }
         match &self.only {
-            None => true,
-            Some(Only(list)) => list
-                .iter()
-                .any(|o| o == name || name.strip_prefix(o.as_str()).is_some_and(|rest| rest.starts_with('-'))),
+            Some(Only(list))
+                if !list
+                    .iter()
+                    .any(|o| o == name || name.strip_prefix(o.as_str()).is_some_and(|rest| rest.starts_with('-'))) =>
+            {
+                Some("--only")
+            }
+            _ => None,
         }
     }
 }
@@ -387,7 +397,10 @@ mod tests {
         assert_eq!(o.reps(), 1);
         assert!(!o.selected("cold-direct") && !o.selected("disk-direct") && o.selected("pageable"));
         assert!(!o.selected("kvikio-cold") && o.selected("kvikio-hot"));
-        assert!(p(&["--pytorch-rows"]).is_ok_and(|o| !o.streams()));
-        assert!(p(&[]).is_ok_and(|o| o.streams()));
+        let o = p(&["--only", "auto", "--no-cold"]).unwrap();
+        assert_eq!(
+            (o.left_out_by("cold-auto"), o.left_out_by("pageable"), o.left_out_by("auto")),
+            (Some("--no-cold"), Some("--only"), None)
+        );
     }
 }

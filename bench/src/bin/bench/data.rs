@@ -225,8 +225,7 @@ const COPY_PIECE: usize = 4 << 20;
 
 /// How fast this host's CPUs move the page-cached file, measured right
 /// after the checksum (so the mapping is populated): anchors for the rows of
-/// the same run, since lent machines differ from start to start (measured on
-/// an H200 host: all threads read 27 GB/s on one start, 57-69 on others).
+/// the same run, since lent machines differ from start to start.
 #[derive(Debug, Clone, Copy)]
 pub struct MemRates {
     /// Bytes per second, every filler thread checksumming the file's first GiBs.

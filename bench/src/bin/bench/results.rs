@@ -189,3 +189,8 @@ impl Row {
         self.notes.push((name.to_string(), value.into()));
     }
 }
+
+/// The row named `name` in `rows`, where it ran and finished.
+pub fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.name == name && r.ok())
+}

@@ -2,10 +2,10 @@
 //! PASS/MISS (or not measured, and why), and for a miss a measured reason
 //! where the bench can tell one.
 
-use crate::output::Summary;
-use crate::overhead::Overhead;
-use crate::results::Row;
-use crate::rows;
+use crate::results::{Row, find};
+use crate::runs::overhead::Overhead;
+use crate::runs::{overlap, rows};
+use crate::summary::Summary;
 use crate::util::{GIB, MIB, fmt_bytes};
 use wirespeed_pinned::Strategy;
 
@@ -27,10 +27,6 @@ pub struct Target {
     pub reason: Option<String>,
 }
 
-fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
-    rows.iter().find(|r| r.name == name && r.ok())
-}
-
 fn intact_ok(r: &Row) -> bool {
     r.intact.as_bool() != Some(false)
 }
@@ -48,7 +44,9 @@ fn absent(rows: &[Row], name: &str) -> String {
     }
 }
 
-/// "hybrid ... (5 reps): 0.931 of the line rate (min 0.902, max 0.95) = 51.2 GB/s, 0.081 CPU s/GB (0.072-0.090), ..."
+/// What a row of the file measured, for a target: its strategy and repetitions,
+/// the fraction of the line rate (slowest, fastest) and GB/s, CPU seconds per
+/// GB (min-max), peak pinned bytes and whether the data arrived intact.
 fn stream_measured(r: &Row, lr: f64) -> String {
     let (f, c, g) = (r.fractions(lr), r.cpu_stats(), r.gbps());
     format!(
@@ -500,7 +498,7 @@ fn overlap(s: &Summary) -> Target {
         "batches streamed into a caller-owned arena while the caller's stream works on each landed batch \
          (device-to-device copies, k calibrated to take as long as the streaming): wall <= {:.2}x max(stream alone, \
          compute alone)",
-        crate::overlap::TARGET_RATIO
+        overlap::TARGET_RATIO
     );
     if s.file.is_none() {
         return not_measured(name, target, "no file was streamed");
@@ -542,7 +540,7 @@ fn overlap(s: &Summary) -> Target {
             why.push(format!(
                 "calibration missed: compute alone is {bal:.2}x the streaming alone (k = {}{})",
                 o.k,
-                if o.k >= crate::overlap::MAX_K { ", the cap" } else { "" }
+                if o.k >= overlap::MAX_K { ", the cap" } else { "" }
             ));
         }
         if let Some(n) = o.registrations.filter(|&n| n > 0) {

@@ -9,8 +9,9 @@ use crate::checksum;
 use crate::data::fill_pattern;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
-use crate::runs::Bench;
+use crate::session::Bench;
 use crate::util::{Fatal, Result};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -54,7 +55,6 @@ pub fn row_count(quick: bool) -> usize {
 pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     let rows = row_count(b.opts.quick);
     let total = rows * ROW_BYTES;
-    let dev = b.gpu.device;
     b.progress.note(&format!(
         "row-by-row experiment: {rows} rows x {COLS} float32 ({:.2} GB) in host memory, copied row by row",
         total as f64 / 1e9
@@ -62,46 +62,49 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     let mut host = vec![0u8; total].into_boxed_slice();
     fill_rows(&mut host, b.threads);
     let expected = checksum::of_host(&host, b.threads);
-    let mut dst = DeviceBuffer::<u8>::new(&dev, total)?;
-    let row_range = |i: usize| i * ROW_BYTES..(i + 1) * ROW_BYTES;
-    let mut out = Vec::new();
+    let dst = DeviceBuffer::<u8>::new(&b.gpu.device, total)?;
+    let mut x = Experiment { rows, expected, dst, out: Vec::new() };
+    pytorch_ways(b, &mut x, &host);
+    let ring_alloc_ms = ours_pinned(b, &mut x, &host)?;
+    ours_registered(b, &mut x, host)?;
+    if let Some(row) = x.out.iter_mut().find(|r| r.name == "rows-ring-mt") {
+        row.note("threads", b.opts.row_threads.to_string());
+        row.note("ring allocation ms (once, not in wall)", format!("{ring_alloc_ms:.1}"));
+        row.note("cores busy (CPU s / wall s)", format!("{:.1}", row.cores_busy()));
+    }
+    Ok(x.out)
+}
 
-    // One variant: `body` moves every row once; it is run b.reps times.
-    let mut measure = |b: &mut Bench,
-                       name: &str,
-                       what: &str,
-                       peak: u64,
-                       dst: &mut DeviceBuffer<u8>,
-                       body: &mut dyn FnMut(&mut Bench, &mut DeviceBuffer<u8>) -> Result<()>|
-     -> Result<()> {
-        let mut row = Row::new(name, Kind::Rows, what, total as u64);
+/// The rows' bytes in host memory at `i`.
+fn row_range(i: usize) -> Range<usize> {
+    i * ROW_BYTES..(i + 1) * ROW_BYTES
+}
+
+/// The experiment under way: the rows, their checksum, where they go on the
+/// device, and the variants' rows so far.
+struct Experiment {
+    rows: usize,
+    expected: u64,
+    dst: DeviceBuffer<u8>,
+    out: Vec<Row>,
+}
+
+/// A variant's body: moves every row once into the device buffer.
+type Body<'a> = dyn FnMut(&mut Bench, &mut DeviceBuffer<u8>) -> Result<()> + 'a;
+
+impl Experiment {
+    /// Bytes of all the rows.
+    fn total(&self) -> usize {
+        self.rows * ROW_BYTES
+    }
+
+    /// One variant, `name` (what it does in `what`, pinning `peak` bytes):
+    /// `body` runs `b.reps` times; a failure is the row's.
+    fn measure(&mut self, b: &mut Bench, name: &str, what: &str, peak: u64, body: &mut Body) {
+        let mut row = Row::new(name, Kind::Rows, what, self.total() as u64);
         row.strategy = torch_code(name).to_string();
         row.peak_pinned = peak;
-        let r = (|| -> Result<()> {
-            for rep in 0..b.reps {
-                b.stream.memset(dst, 0)?.wait()?;
-                dev.synchronize()?;
-                b.progress.begin(name, rep + 1, b.reps);
-                let (c0, t0) = (cpu::process_seconds(), Instant::now());
-                body(b, dst)?;
-                dev.synchronize()?;
-                let s = Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: cpu::process_seconds() - c0 };
-                row.samples.push(s);
-                b.progress.rep_done(
-                    &format!(
-                        "{name} rep {}/{}: {:.1} ms wall, {:.1} ms CPU",
-                        rep + 1,
-                        b.reps,
-                        s.seconds * 1e3,
-                        s.cpu_seconds * 1e3
-                    ),
-                    b.reps,
-                );
-            }
-            row.intact = Intact::compare(expected, b.readback.checksum(dst, 0..total)?);
-            Ok(())
-        })();
-        if let Err(e) = r {
+        if let Err(e) = self.repeat(b, &mut row, body) {
             row.error = Some(e.to_string());
         }
         b.progress.note(&format!(
@@ -112,135 +115,139 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
             row.intact.short(),
             row.error.as_deref().map(|e| format!("  FAILED: {e}")).unwrap_or_default()
         ));
-        out.push(row);
-        Ok(())
-    };
-
-    let rb = ROW_BYTES as u64;
-    let ring_alloc_ms;
-    {
-        let host: &[u8] = &host;
-        measure(b, "rows-cuda", "pageable cudaMemcpy per row", 0, &mut dst, &mut |_, dst| {
-            rawcuda::copy_pageable(dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])), |_| {})
-        })?;
-        measure(b, "rows-cuda-nb", "pageable cudaMemcpyAsync per row", 0, &mut dst, &mut |b, dst| {
-            rawcuda::copy_pageable_async(&b.stream, dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])))
-        })?;
-        measure(
-            b,
-            "rows-pin-nb",
-            "per row: cudaHostAlloc + memcpy + async copy; freed after the next row is queued",
-            2 * rb,
-            &mut dst,
-            &mut |b, dst| {
-                let mut prev: Option<PinnedBuffer<u8>> = None;
-                for i in 0..rows {
-                    let mut p = PinnedBuffer::<u8>::new(ROW_BYTES)?;
-                    p.as_mut_slice()?.copy_from_slice(&host[row_range(i)]);
-                    b.stream.copy_to_device(&p, &mut dst.slice_mut(row_range(i))?)?.detach();
-                    prev = Some(p); // frees the previous row's buffer once its copy is done
-                }
-                drop(prev);
-                Ok(b.stream.synchronize()?)
-            },
-        )?;
-        measure(
-            b,
-            "rows-pin",
-            "per row: cudaHostAlloc + memcpy + copy, wait, cudaFreeHost",
-            rb,
-            &mut dst,
-            &mut |b, dst| {
-                for i in 0..rows {
-                    let mut p = PinnedBuffer::<u8>::new(ROW_BYTES)?;
-                    p.as_mut_slice()?.copy_from_slice(&host[row_range(i)]);
-                    b.stream.copy_to_device(&p, &mut dst.slice_mut(row_range(i))?)?.wait()?;
-                }
-                Ok(())
-            },
-        )?;
-        let mut slots = Vec::new();
-        for _ in 0..4 {
-            slots.push(PinnedBuffer::<u8>::new(ROW_BYTES)?);
-        }
-        measure(
-            b,
-            "rows-ring",
-            "4 pinned row slots allocated once, memcpy + async copy",
-            4 * rb,
-            &mut dst,
-            &mut |b, dst| {
-                for i in 0..rows {
-                    let slot = &mut slots[i % 4];
-                    slot.as_mut_slice()?.copy_from_slice(&host[row_range(i)]); // waits for the slot's last copy
-                    b.stream.copy_to_device(slot, &mut dst.slice_mut(row_range(i))?)?.detach();
-                }
-                Ok(b.stream.synchronize()?)
-            },
-        )?;
-        drop(slots);
-
-        // Ours, several threads: each takes the next row, copies it into a free
-        // slot of one shared PinnedRing and sends the slot to the row's place.
-        let n = b.opts.row_threads;
-        let t = Instant::now();
-        let ring = PinnedRing::new(4 * n, ROW_BYTES, &PinBudget::unlimited())?;
-        let alloc_ms = t.elapsed().as_secs_f64() * 1e3;
-        measure(
-            b,
-            "rows-ring-mt",
-            &format!(
-                "{n} threads each take the next row, memcpy it into a free slot of one pinned ring ({} slots of a row, \
-                 4 per thread, allocated once) and copy it to its place on one stream; the ring's events decide reuse",
-                4 * n
-            ),
-            (4 * n * ROW_BYTES) as u64,
-            &mut dst,
-            &mut |b, dst| ring_rows(&ring, &b.stream, host, dst, rows, n),
-        )?;
-        ring_alloc_ms = alloc_ms;
+        self.out.push(row);
     }
 
-    // Ours: the whole tensor registered once (it owns the memory meanwhile).
+    /// `body`'s repetitions, each from a cleared device buffer, then the
+    /// check of what arrived.
+    fn repeat(&mut self, b: &mut Bench, row: &mut Row, body: &mut Body) -> Result<()> {
+        let dev = b.gpu.device;
+        let name = row.name.clone();
+        for rep in 0..b.reps {
+            b.stream.memset(&mut self.dst, 0)?.wait()?;
+            dev.synchronize()?;
+            b.progress.begin(&name, rep + 1, b.reps);
+            let (c0, t0) = (cpu::process_seconds(), Instant::now());
+            body(b, &mut self.dst)?;
+            dev.synchronize()?;
+            let s = Sample { seconds: t0.elapsed().as_secs_f64(), cpu_seconds: cpu::process_seconds() - c0 };
+            row.samples.push(s);
+            b.progress.rep_done(
+                &format!(
+                    "{name} rep {}/{}: {:.1} ms wall, {:.1} ms CPU",
+                    rep + 1,
+                    b.reps,
+                    s.seconds * 1e3,
+                    s.cpu_seconds * 1e3
+                ),
+                b.reps,
+            );
+        }
+        row.intact = Intact::compare(self.expected, b.readback.checksum(&self.dst, 0..self.total())?);
+        Ok(())
+    }
+}
+
+/// The ways PyTorch code copies rows: pageable (`i.cuda()`, with and
+/// without `non_blocking`) and a fresh pinned buffer per row (`i.pin_memory()`).
+fn pytorch_ways(b: &mut Bench, x: &mut Experiment, host: &[u8]) {
+    let (rows, rb) = (x.rows, ROW_BYTES as u64);
+    x.measure(b, "rows-cuda", "pageable cudaMemcpy per row", 0, &mut |_, dst| {
+        rawcuda::copy_pageable(dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])), |_| {})
+    });
+    x.measure(b, "rows-cuda-nb", "pageable cudaMemcpyAsync per row", 0, &mut |b, dst| {
+        rawcuda::copy_pageable_async(&b.stream, dst, (0..rows).map(|i| (i * ROW_BYTES, &host[row_range(i)])))
+    });
+    let what = "per row: cudaHostAlloc + memcpy + async copy; freed after the next row is queued";
+    x.measure(b, "rows-pin-nb", what, 2 * rb, &mut |b, dst| {
+        let mut prev: Option<PinnedBuffer<u8>> = None;
+        for i in 0..rows {
+            let mut p = PinnedBuffer::<u8>::new(ROW_BYTES)?;
+            p.as_mut_slice()?.copy_from_slice(&host[row_range(i)]);
+            b.stream.copy_to_device(&p, &mut dst.slice_mut(row_range(i))?)?.detach();
+            prev = Some(p); // frees the previous row's buffer once its copy is done
+        }
+        drop(prev);
+        Ok(b.stream.synchronize()?)
+    });
+    x.measure(b, "rows-pin", "per row: cudaHostAlloc + memcpy + copy, wait, cudaFreeHost", rb, &mut |b, dst| {
+        for i in 0..rows {
+            let mut p = PinnedBuffer::<u8>::new(ROW_BYTES)?;
+            p.as_mut_slice()?.copy_from_slice(&host[row_range(i)]);
+            b.stream.copy_to_device(&p, &mut dst.slice_mut(row_range(i))?)?.wait()?;
+        }
+        Ok(())
+    });
+}
+
+/// Ours, pinned memory allocated once: a 4-slot ring on one thread, then
+/// several threads each taking the next row into a free slot of one shared
+/// `PinnedRing` and sending it to the row's place. Answers the milliseconds
+/// the shared ring took to allocate.
+fn ours_pinned(b: &mut Bench, x: &mut Experiment, host: &[u8]) -> Result<f64> {
+    let rows = x.rows;
+    let mut slots = Vec::new();
+    for _ in 0..4 {
+        slots.push(PinnedBuffer::<u8>::new(ROW_BYTES)?);
+    }
+    let what = "4 pinned row slots allocated once, memcpy + async copy";
+    x.measure(b, "rows-ring", what, 4 * ROW_BYTES as u64, &mut |b, dst| {
+        for i in 0..rows {
+            let slot = &mut slots[i % 4];
+            slot.as_mut_slice()?.copy_from_slice(&host[row_range(i)]); // waits for the slot's last copy
+            b.stream.copy_to_device(slot, &mut dst.slice_mut(row_range(i))?)?.detach();
+        }
+        Ok(b.stream.synchronize()?)
+    });
+    drop(slots);
+
+    let n = b.opts.row_threads;
     let t = Instant::now();
-    match HostRegistration::try_new(host, RegisterFlags::default()) {
+    let ring = PinnedRing::new(4 * n, ROW_BYTES, &PinBudget::unlimited())?;
+    let alloc_ms = t.elapsed().as_secs_f64() * 1e3;
+    let what = format!(
+        "{n} threads each take the next row, memcpy it into a free slot of one pinned ring ({} slots of a row, \
+         4 per thread, allocated once) and copy it to its place on one stream; the ring's events decide reuse",
+        4 * n
+    );
+    x.measure(b, "rows-ring-mt", &what, (4 * n * ROW_BYTES) as u64, &mut |b, dst| {
+        ring_rows(&ring, &b.stream, host, dst, rows, n)
+    });
+    Ok(alloc_ms)
+}
+
+/// Ours: the whole tensor registered once (it owns the memory meanwhile),
+/// then an asynchronous copy per row.
+fn ours_registered(b: &mut Bench, x: &mut Experiment, host: Box<[u8]>) -> Result<()> {
+    let rows = x.rows;
+    let t = Instant::now();
+    let reg = match HostRegistration::try_new(host, RegisterFlags::default()) {
+        Ok(reg) => reg,
         Err((e, _host)) => {
-            let mut row = Row::new("rows-registered", Kind::Rows, "whole tensor registered once", total as u64);
+            let mut row = Row::new("rows-registered", Kind::Rows, "whole tensor registered once", x.total() as u64);
             row.strategy = torch_code("rows-registered").into();
             row.error = Some(format!("cudaHostRegister of the whole tensor: {e}"));
-            out.push(row);
+            x.out.push(row);
+            return Ok(());
         }
-        Ok(reg) => {
-            let reg_s = t.elapsed().as_secs_f64();
-            measure(
-                b,
-                "rows-registered",
-                "whole tensor registered once (cudaHostRegister), async copy per row",
-                total as u64,
-                &mut dst,
-                &mut |b, dst| {
-                    for i in 0..rows {
-                        b.stream.copy_to_device(&reg.slice(row_range(i))?, &mut dst.slice_mut(row_range(i))?)?.detach();
-                    }
-                    Ok(b.stream.synchronize()?)
-                },
-            )?;
-            let t = Instant::now();
-            let host = reg.into_inner().map_err(|e| Fatal::Run(format!("cudaHostUnregister: {e}")))?;
-            let unreg_s = t.elapsed().as_secs_f64();
-            drop(host);
-            if let Some(row) = out.last_mut() {
-                row.note("register ms (once, not in wall)", format!("{:.1}", reg_s * 1e3));
-                row.note("unregister ms", format!("{:.1}", unreg_s * 1e3));
-            }
+    };
+    let reg_s = t.elapsed().as_secs_f64();
+    let what = "whole tensor registered once (cudaHostRegister), async copy per row";
+    x.measure(b, "rows-registered", what, x.total() as u64, &mut |b, dst| {
+        for i in 0..rows {
+            b.stream.copy_to_device(&reg.slice(row_range(i))?, &mut dst.slice_mut(row_range(i))?)?.detach();
         }
+        Ok(b.stream.synchronize()?)
+    });
+    let t = Instant::now();
+    let host = reg.into_inner().map_err(|e| Fatal::Run(format!("cudaHostUnregister: {e}")))?;
+    let unreg_s = t.elapsed().as_secs_f64();
+    drop(host);
+    if let Some(row) = x.out.last_mut() {
+        row.note("register ms (once, not in wall)", format!("{:.1}", reg_s * 1e3));
+        row.note("unregister ms", format!("{:.1}", unreg_s * 1e3));
     }
-    if let Some(row) = out.iter_mut().find(|r| r.name == "rows-ring-mt") {
-        row.note("threads", b.opts.row_threads.to_string());
-        row.note("ring allocation ms (once, not in wall)", format!("{ring_alloc_ms:.1}"));
-        row.note("cores busy (CPU s / wall s)", format!("{:.1}", row.cores_busy()));
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Copies `rows` rows of `host` to their places in `dst` with `threads`
@@ -300,7 +307,7 @@ fn ring_rows(
 pub type Torch = crate::script::Output;
 
 /// The script, built into the binary so that the bench runs it from any folder.
-const SCRIPT: &str = include_str!("../../../torch_rows.py");
+const SCRIPT: &str = include_str!("../../../../torch_rows.py");
 
 /// Runs torch_rows.py with the same rows and repetitions, so that one run
 /// prints both tables. It skips itself (exit 0) where torch or a GPU is missing.

@@ -6,14 +6,14 @@
 
 use crate::data::Data;
 use crate::results::{Intact, Kind, Row, Sample};
-use crate::runs::Bench;
 use crate::script::{self, Output};
+use crate::session::Bench;
 use crate::util::fmt_bytes;
 use serde_json::Value;
 use std::time::Duration;
 
 /// The script, built into the binary so that the bench runs it from any folder.
-pub const SCRIPT: &str = include_str!("../../../kvikio_read.py");
+pub const SCRIPT: &str = include_str!("../../../../kvikio_read.py");
 
 /// The sweep: KvikIO's num_threads and task_size values, and its bounce buffer size.
 pub const THREADS: &str = "8,16";
@@ -88,6 +88,8 @@ pub fn run(b: &mut Bench, data: &Data, hot: bool, cold: bool) -> (Vec<Row>, Opti
     (rows, Some(out))
 }
 
+/// The rows of the script's run: from its JSON, or failed or skipped rows
+/// that say why there is none.
 fn rows_from(out: &Output, hot: bool, cold: bool, len: u64) -> Vec<Row> {
     let Some(doc) = &out.json else {
         let last = out.text.lines().last().unwrap_or("no output").trim();
@@ -108,74 +110,75 @@ fn rows_from(out: &Output, hot: bool, cold: bool, len: u64) -> Vec<Row> {
     if let Some(why) = doc["skipped"].as_str() {
         return skipped_rows(hot, cold, &format!("KvikIO not run: {why}"));
     }
-    let mut rows = Vec::new();
-    for (mode, on) in [("hot", hot), ("cold", cold)] {
-        if !on {
-            continue;
-        }
-        let name = format!("kvikio-{mode}");
-        let mut row = Row::new(&name, Kind::External, &what(mode), doc["bytes"].as_u64().unwrap_or(len));
-        let Some(best) = doc["best"].get(mode) else {
-            row.error = Some(format!("kvikio_read.py wrote no {mode} result"));
-            rows.push(row);
-            continue;
-        };
-        let n = |v: &Value| v.as_u64().unwrap_or(0);
-        row.strategy = format!(
-            "KvikIO {} compat mode, num_threads {}, task_size {}, bounce {}",
-            doc["kvikio"].as_str().unwrap_or("?"),
-            n(&best["num_threads"]),
-            fmt_bytes(n(&best["task_size"])),
-            fmt_bytes(n(&best["bounce_buffer_size"]))
-        );
-        row.samples = best["samples"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| {
-                        Some(Sample { seconds: s["seconds"].as_f64()?, cpu_seconds: s["cpu_seconds"].as_f64()? })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        row.intact = Intact::Spot {
-            ok: best["intact"].as_bool().unwrap_or(false),
-            blocks: n(&best["check"]["blocks"]) as usize,
-        };
-        let all: Vec<String> = doc["results"][mode]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|r| {
-                        format!(
-                            "{} thr / {}: {:.2} GB/s, {:.3} CPU s/GB",
-                            n(&r["num_threads"]),
-                            fmt_bytes(n(&r["task_size"])),
-                            r["gbps_median"].as_f64().unwrap_or(f64::NAN),
-                            r["cpu_s_per_gb_median"].as_f64().unwrap_or(f64::NAN)
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        row.note("every setting (median)", all.join("; "));
-        row.note("settings through", doc["settings_api"].as_str().unwrap_or("?"));
-        if mode == "cold" {
-            row.note("page cache dropped with", doc["drop_cache"].as_str().unwrap_or("?"));
-            if let Some(c) = best["cached_fraction_after_drop"].as_array() {
-                let worst = c.iter().filter_map(Value::as_f64).fold(f64::NAN, f64::max);
-                if worst.is_finite() {
-                    row.note("cached after dropping (worst rep)", format!("{:.1} %", worst * 100.0));
-                }
+    [("hot", hot), ("cold", cold)].into_iter().filter(|(_, on)| *on).map(|(mode, _)| row_from(doc, mode, len)).collect()
+}
+
+fn count(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// The row of `mode` ("hot" or "cold"): the best setting's samples, with
+/// every setting's medians and how the data was checked as notes.
+fn row_from(doc: &Value, mode: &str, len: u64) -> Row {
+    let name = format!("kvikio-{mode}");
+    let mut row = Row::new(&name, Kind::External, &what(mode), doc["bytes"].as_u64().unwrap_or(len));
+    let Some(best) = doc["best"].get(mode) else {
+        row.error = Some(format!("kvikio_read.py wrote no {mode} result"));
+        return row;
+    };
+    row.strategy = format!(
+        "KvikIO {} compat mode, num_threads {}, task_size {}, bounce {}",
+        doc["kvikio"].as_str().unwrap_or("?"),
+        count(&best["num_threads"]),
+        fmt_bytes(count(&best["task_size"])),
+        fmt_bytes(count(&best["bounce_buffer_size"]))
+    );
+    row.samples = best["samples"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| {
+                    Some(Sample { seconds: s["seconds"].as_f64()?, cpu_seconds: s["cpu_seconds"].as_f64()? })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    row.intact = Intact::Spot {
+        ok: best["intact"].as_bool().unwrap_or(false),
+        blocks: count(&best["check"]["blocks"]) as usize,
+    };
+    row.note("every setting (median)", settings(doc, mode).join("; "));
+    row.note("settings through", doc["settings_api"].as_str().unwrap_or("?"));
+    if mode == "cold" {
+        row.note("page cache dropped with", doc["drop_cache"].as_str().unwrap_or("?"));
+        if let Some(c) = best["cached_fraction_after_drop"].as_array() {
+            let worst = c.iter().filter_map(Value::as_f64).fold(f64::NAN, f64::max);
+            if worst.is_finite() {
+                row.note("cached after dropping (worst rep)", format!("{:.1} %", worst * 100.0));
             }
         }
-        row.note("spot check", format!("{} blocks of 4 KiB compared with os.pread", n(&best["check"]["blocks"])));
-        if row.samples.is_empty() {
-            row.error = Some("kvikio_read.py wrote no samples".into());
-        }
-        rows.push(row);
     }
-    rows
+    row.note("spot check", format!("{} blocks of 4 KiB compared with os.pread", count(&best["check"]["blocks"])));
+    if row.samples.is_empty() {
+        row.error = Some("kvikio_read.py wrote no samples".into());
+    }
+    row
+}
+
+/// Every setting of the sweep in `mode`, with its medians.
+fn settings(doc: &Value, mode: &str) -> Vec<String> {
+    let Some(all) = doc["results"][mode].as_array() else { return Vec::new() };
+    all.iter()
+        .map(|r| {
+            format!(
+                "{} thr / {}: {:.2} GB/s, {:.3} CPU s/GB",
+                count(&r["num_threads"]),
+                fmt_bytes(count(&r["task_size"])),
+                r["gbps_median"].as_f64().unwrap_or(f64::NAN),
+                r["cpu_s_per_gb_median"].as_f64().unwrap_or(f64::NAN)
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -4,14 +4,14 @@
 //! variant, raw `cudaSetDevice` + `cudaMemcpyAsync`, shows what making the
 //! device current on every call would cost (cuda-safe caches it per thread).
 //!
-//! The time per copy can drift between rounds (by half or more, for both sides
-//! alike), so the figure reported is
-//! paired: the median over rounds of safe / raw within the same round. The
-//! ratio of the two sides' overall medians is shown too; it can land the two
-//! medians in different modes. The thread stays on one CPU while it measures.
+//! The time per copy can drift between rounds, for both sides alike, so the
+//! figure reported is paired: the median over rounds of safe / raw within the
+//! same round. The ratio of the two sides' overall medians is shown too; it
+//! can land the two medians in different modes. The thread stays on one CPU
+//! while it measures.
 
 use crate::rawcuda;
-use crate::runs::Bench;
+use crate::session::Bench;
 use crate::util::{Result, Stats, stats};
 use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu, sched_setaffinity};
 use nix::unistd::Pid;

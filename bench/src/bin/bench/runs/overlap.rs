@@ -32,7 +32,7 @@
 use crate::checksum;
 use crate::data::Data;
 use crate::results::Intact;
-use crate::runs::Bench;
+use crate::session::Bench;
 use crate::util::{Fatal, KIB, MIB, Result, Stats, fmt_bytes, stats};
 use std::ops::Range;
 use std::sync::Arc;
@@ -339,6 +339,14 @@ pub fn run(b: &mut Bench, data: &Data, budget: u64) -> Result<Overlap> {
     Ok(o)
 }
 
+/// One pass as [`pass`] makes it: the batches streamed or not, `k` copies
+/// of each by the caller; its wall seconds and the transfers' reports.
+type PassFn<'a> = dyn FnMut(bool, usize) -> Result<(f64, Vec<Report>)> + 'a;
+
+fn label(what: &str) -> String {
+    format!("overlap: {what}")
+}
+
 fn measure(b: &mut Bench, data: &Data, budget: u64, o: &mut Overlap) -> Result<()> {
     let dev = b.gpu.device;
     let batch = usize::try_from(o.batch).map_err(|_| Fatal::Run("batch size beyond usize".into()))?;
@@ -355,16 +363,22 @@ fn measure(b: &mut Bench, data: &Data, budget: u64, o: &mut Overlap) -> Result<(
     let streamer = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(budget)))?;
     let file = &data.file;
     let mut run_pass = |stream: bool, k: usize| pass(&streamer, file, &mut c, &mut out, stream, k);
-    let label = |what: &str| format!("overlap: {what}");
 
     // Untimed: the streamer registers or allocates what it keeps, its worker
     // thread starts, the caller's copies load their code.
     b.progress.begin(&label("untimed first pass"), 1, 1);
     run_pass(true, FIRST_K)?;
+    calibrate(b, &mut run_pass, o)?;
+    repeat(b, &mut run_pass, o)?;
+    drop(streamer);
+    o.intact = check(b, data, &c, &out)?;
+    Ok(())
+}
 
-    // k: copies per batch such that the work alone takes as long as the
-    // streaming alone (the last k measured, or the one it pointed at when
-    // the passes ran out).
+/// k: copies per batch such that the work alone takes as long as the
+/// streaming alone (the last k measured, or the one it pointed at when the
+/// passes ran out).
+fn calibrate(b: &Bench, run_pass: &mut PassFn, o: &mut Overlap) -> Result<()> {
     b.progress.begin(&label("calibrating k"), 1, 1);
     let (target, _) = run_pass(true, 0)?;
     o.calibration_target = target;
@@ -379,7 +393,11 @@ fn measure(b: &mut Bench, data: &Data, budget: u64, o: &mut Overlap) -> Result<(
         k = next;
     }
     o.k = k;
+    Ok(())
+}
 
+/// The timed repetitions: in each, the streaming alone, the work alone, both.
+fn repeat(b: &Bench, run_pass: &mut PassFn, o: &mut Overlap) -> Result<()> {
     let reps = b.target_reps;
     let mut regs = Vec::new();
     for rep in 0..reps {
@@ -409,10 +427,13 @@ fn measure(b: &mut Bench, data: &Data, budget: u64, o: &mut Overlap) -> Result<(
         );
     }
     o.registrations = Some(stats(&regs).median as u64);
-    drop(streamer);
+    Ok(())
+}
 
-    // The last pass streamed every batch: the slots hold the last ones, and
-    // `out` the last batch's copy.
+/// Whether the data arrived intact. The last pass streamed every batch: the
+/// slots hold the last ones, and `out` the last batch's copy.
+fn check(b: &mut Bench, data: &Data, c: &Caller, out: &DeviceBuffer<u8>) -> Result<Intact> {
+    let (batch, batches, slots) = (c.batch, c.batches, c.slots);
     let bytes = data.bytes();
     let at = |i: usize| {
         let r = c.range(i);
@@ -420,23 +441,22 @@ fn measure(b: &mut Bench, data: &Data, budget: u64, o: &mut Overlap) -> Result<(
     };
     let arena = c.arena.as_ref().ok_or_else(|| Fatal::Run("the arena was leaked".into()))?;
     let mut bad = None;
-    for i in o.batches.saturating_sub(o.slots)..o.batches {
-        let s = (i % o.slots) * batch;
+    for i in batches.saturating_sub(slots)..batches {
+        let s = (i % slots) * batch;
         let (expected, got) = (checksum::of_host(at(i), b.threads), b.readback.checksum(arena, s..s + batch)?);
         if got != expected {
             bad.get_or_insert((expected, got));
         }
     }
-    let last = checksum::of_host(at(o.batches - 1), b.threads);
-    let got = b.readback.checksum(&out, 0..batch)?;
+    let last = checksum::of_host(at(batches - 1), b.threads);
+    let got = b.readback.checksum(out, 0..batch)?;
     if got != last {
         bad.get_or_insert((last, got));
     }
-    o.intact = match bad {
+    Ok(match bad {
         None => Intact::Yes(last),
         Some((expected, got)) => Intact::No { expected, got },
-    };
-    Ok(())
+    })
 }
 
 /// The progress line once the run has ended.
