@@ -33,6 +33,8 @@ mod args;
 mod bindgen_runs;
 #[path = "gen-bindings/driver_table.rs"]
 mod driver_table;
+#[path = "gen-bindings/emit.rs"]
+mod emit;
 #[path = "gen-bindings/lists.rs"]
 mod lists;
 #[path = "gen-bindings/parse.rs"]

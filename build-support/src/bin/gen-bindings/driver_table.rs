@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::path::Path;
 
+use crate::emit::section;
 use crate::lists::{DriverList, driver_base, pfn_name};
 use crate::parse::Signature;
 
@@ -106,26 +107,22 @@ pub fn driver_api_rs(
 }
 
 fn write_driver_api(s: &mut String, rows: &[Row]) -> fmt::Result {
-    s.push_str(DRIVER_STRUCT);
-    for r in rows {
-        writeln!(s, "    /// {} ABI: `{}`.\n    pub {}: {},", r.doc, r.pfn, r.symbol, r.ty)?;
-    }
-    s.push_str("}\n\n");
-    s.push_str(SYMBOLS_HEAD);
-    for r in rows {
-        writeln!(s, "    (\"{}\", \"{}\", {}),", r.symbol, r.base, r.version)?;
-    }
-    s.push_str("];\n\n");
-    s.push_str(RESOLVE_HEAD);
-    for r in rows {
-        writeln!(s, "            // SAFETY: the caller guarantees the address is this driver function with the")?;
-        writeln!(s, "            // ABI of {}, whose C signature the headers give as this type.", r.pfn)?;
-        writeln!(
-            s,
-            "            {}: unsafe {{ ::core::mem::transmute::<*mut ::core::ffi::c_void, {}>(sym(\"{}\\0\", \"{}\\0\", {})?) }},",
-            r.symbol, r.ty, r.symbol, r.base, r.version
-        )?;
-    }
-    s.push_str(RESOLVE_TAIL);
-    Ok(())
+    section(s, DRIVER_STRUCT, rows, "}\n\n", |s, r| {
+        writeln!(s, "    /// {} ABI: `{}`.\n    pub {}: {},", r.doc, r.pfn, r.symbol, r.ty)
+    })?;
+    section(s, SYMBOLS_HEAD, rows, "];\n\n", |s, r| {
+        writeln!(s, "    (\"{}\", \"{}\", {}),", r.symbol, r.base, r.version)
+    })?;
+    section(s, RESOLVE_HEAD, rows, RESOLVE_TAIL, write_resolved)
+}
+
+/// One field of `DriverApi::resolve`: the looked-up address as the field's type.
+fn write_resolved(s: &mut String, r: &Row) -> fmt::Result {
+    writeln!(s, "            // SAFETY: the caller guarantees the address is this driver function with the")?;
+    writeln!(s, "            // ABI of {}, whose C signature the headers give as this type.", r.pfn)?;
+    writeln!(
+        s,
+        "            {}: unsafe {{ ::core::mem::transmute::<*mut ::core::ffi::c_void, {}>(sym(\"{}\\0\", \"{}\\0\", {})?) }},",
+        r.symbol, r.ty, r.symbol, r.base, r.version
+    )
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
+use crate::emit::section;
 use crate::lists::{RuntimeFn, RuntimeList};
 use crate::parse::Decl;
 
@@ -47,9 +48,7 @@ const RESOLVE_HEAD: &str = r#"impl Api {
         Ok(Self {
 "#;
 
-const LINKED_HEAD: &str = r#"        })
-    }
-
+const LINKED_HEAD: &str = r#"
     /// The table of the runtime this crate was linked against (feature `link`),
     /// bound to the CUDA 13 symbols.
     #[cfg(feature = "link")]
@@ -102,30 +101,16 @@ fn row<'a>(&(name, doc): &'a RuntimeFn, v13: &'a Decls, v12: &'a Decls) -> Resul
 }
 
 fn write_api(s: &mut String, rows: &[Row], optional: &[Row], fallback12: &[&str]) -> fmt::Result {
-    s.push_str(API_STRUCT);
-    for r in rows {
-        writeln!(s, "    /// {}\n    pub {}: {},", r.doc, r.name, r.ty)?;
-    }
-    s.push_str("}\n\n");
-    s.push_str(SYMBOLS_HEAD);
-    for r in rows {
-        writeln!(s, "    (\"{}\", \"{}\", \"{}\"),", r.name, r.s13, r.s12)?;
-    }
-    s.push_str("];\n\n");
+    section(s, API_STRUCT, rows, "}\n\n", |s, r| writeln!(s, "    /// {}\n    pub {}: {},", r.doc, r.name, r.ty))?;
+    section(s, SYMBOLS_HEAD, rows, "];\n\n", |s, r| {
+        writeln!(s, "    (\"{}\", \"{}\", \"{}\"),", r.name, r.s13, r.s12)
+    })?;
     for r in optional {
         writeln!(s, "/// {}\n/// Not in [`Api`]: only some supported runtimes export `{}`.", r.doc, r.s13)?;
         writeln!(s, "pub type PFN_{} = {};\n", r.name, r.ty)?;
     }
-    s.push_str(RESOLVE_HEAD);
-    for r in rows {
-        write_resolved(s, r, fallback12)?;
-    }
-    s.push_str(LINKED_HEAD);
-    for r in rows {
-        write_linked(s, r)?;
-    }
-    s.push_str(LINKED_TAIL);
-    Ok(())
+    section(s, RESOLVE_HEAD, rows, "        })\n    }\n", |s, r| write_resolved(s, r, fallback12))?;
+    section(s, LINKED_HEAD, rows, LINKED_TAIL, write_linked)
 }
 
 /// One field of `Api::resolve`: the looked-up address as the field's type.
