@@ -249,7 +249,12 @@ pub fn vm_lck_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// What a test run in a child process printed, from [`run_test_in_child`].
+// ------------------------------------------------------------------ tests in child processes
+
+/// The environment variable that tells a child process which test it runs.
+const CHILD_VAR: &str = "WIRESPEED_TESTS_CHILD";
+
+/// What a test run in a child process did, from [`spawn_child`].
 pub struct ChildRun {
     /// The child's exit status and raw output.
     pub output: std::process::Output,
@@ -259,31 +264,69 @@ pub struct ChildRun {
     pub stderr: String,
 }
 
-/// Runs test `name` of the current test binary alone in a child process
-/// (`--exact --nocapture --test-threads=1`, and `--ignored` when `ignored`),
-/// with `env` added to the environment. For what must not happen in this
-/// process: another emulator configuration, a lower rlimit, dropped
-/// privileges, a deliberate leak or crash.
-pub fn run_test_in_child(name: &str, ignored: bool, env: &[(&str, &str)]) -> ChildRun {
+/// Runs the `#[ignore]`d test `name` of the current test binary alone in a
+/// child process (`--exact --ignored --nocapture --test-threads=1`), with
+/// `env` added to the environment, where [`is_child`]`(name)` is true.
+/// Returns what it did, failure and death by a signal included; [`run_child`]
+/// also checks that it passed.
+pub fn spawn_child(name: &str, env: &[(&str, &str)]) -> ChildRun {
     let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]);
-    if ignored {
-        cmd.arg("--ignored");
-    }
-    let output = cmd.envs(env.iter().copied()).output().expect("run the test binary again");
+    cmd.args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"]);
+    let output = cmd.envs(env.iter().copied()).env(CHILD_VAR, name).output().expect("run the test binary again");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     ChildRun { output, stdout, stderr }
 }
 
-/// [`run_test_in_child`], then asserts that the child succeeded and printed
-/// `marker` (proof that it ran its body, not an early return).
+/// [`spawn_child`], then asserts that the child succeeded and said
+/// [`child_ran`] (proof that it ran its body, not an early return).
+///
+/// For what must not happen in the test process: another emulator
+/// configuration, a lower rlimit, dropped privileges, a deliberate leak or
+/// crash. The child is an `#[ignore]`d test of the same binary that returns
+/// at once unless [`is_child`] says this process was started to run it, and
+/// ends with [`child_ran`]:
+///
+/// ```no_run
+/// // #[test]
+/// fn with_two_devices() {
+///     wirespeed_tests::run_child("child_two_devices", &[("CUDA_EMU_DEVICES", "2")]);
+/// }
+///
+/// // #[test]
+/// // #[ignore = "runs in a child process started by with_two_devices"]
+/// fn child_two_devices() {
+///     if !wirespeed_tests::is_child("child_two_devices") {
+///         return;
+///     }
+///     // ... what needs two emulated devices ...
+///     wirespeed_tests::child_ran("child_two_devices");
+/// }
+/// # with_two_devices();
+/// # child_two_devices();
+/// ```
 #[track_caller]
-pub fn run_child_expecting(name: &str, ignored: bool, env: &[(&str, &str)], marker: &str) -> ChildRun {
-    let r = run_test_in_child(name, ignored, env);
+pub fn run_child(name: &str, env: &[(&str, &str)]) -> ChildRun {
+    let r = spawn_child(name, env);
     assert!(r.output.status.success(), "child {name} failed:\n{}\n{}", r.stdout, r.stderr);
-    assert!(r.stdout.contains(marker), "child {name} did not run its body:\n{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(&ran_marker(name)), "child {name} did not run its body:\n{}\n{}", r.stdout, r.stderr);
     r
+}
+
+/// Whether this process is the child started to run test `name`; a child
+/// test returns at once when it is not.
+pub fn is_child(name: &str) -> bool {
+    std::env::var(CHILD_VAR).is_ok_and(|v| v == name)
+}
+
+/// Says, on standard output, that child `name` ran its body to the end: what
+/// [`run_child`] looks for.
+pub fn child_ran(name: &str) {
+    println!("{}", ran_marker(name));
+}
+
+fn ran_marker(name: &str) -> String {
+    format!("child {name} ran")
 }
 
 /// `CAP_DAC_OVERRIDE`: bypass file permission checks.

@@ -47,8 +47,10 @@ const LEN_PAGES: u64 = (LEN as u64).div_ceil(PAGE) * PAGE;
 /// What the truncated files keep.
 const TRUNCATED: u64 = 100_000;
 
-const CHILD_CASE: &str = "BAD_INPUT_CHILD_CASE";
-const CHILD_DIR: &str = "BAD_INPUT_CHILD_DIR";
+/// The case `bad_input_child` checks.
+const CHILD_CASE: &str = "BAD_INPUT_CASE";
+/// The folder `bad_input_child` makes its files in (the parent's).
+const CHILD_DIR: &str = "BAD_INPUT_DIR";
 
 // ------------------------------------------------------------------ helpers
 
@@ -605,7 +607,7 @@ fn check_in_child(t: &Ctx, c: &Case) -> String {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let dir_s = dir.path().to_str().expect("a UTF-8 temporary path");
-    let r = wirespeed_tests::run_test_in_child("bad_input_child", false, &[(CHILD_CASE, c.name), (CHILD_DIR, dir_s)]);
+    let r = wirespeed_tests::spawn_child("bad_input_child", &[(CHILD_CASE, c.name), (CHILD_DIR, dir_s)]);
     let (out, so, se) = (r.output, r.stdout, r.stderr);
     {
         use std::os::unix::process::ExitStatusExt;
@@ -631,8 +633,12 @@ fn check(t: &Ctx, c: &Case) -> String {
 
 /// Runs only in the child processes started by [`check_in_child`].
 #[test]
+#[ignore = "runs in the child processes started by check_in_child"]
 fn bad_input_child() {
-    let Some(name) = std::env::var_os(CHILD_CASE) else { return };
+    if !wirespeed_tests::is_child("bad_input_child") {
+        return;
+    }
+    let name = std::env::var_os(CHILD_CASE).expect("the case to check");
     let t = start(); // loads the runtime before privileges go
     let c = case(name.to_str().unwrap());
     let prepared = match c.place {
@@ -692,7 +698,8 @@ fn an_allocation_larger_than_the_device() {
     check(&t, case("an allocation larger than the device"));
 }
 
-const SIGBUS_CHILD: &str = "BAD_INPUT_SIGBUS_CHILD";
+/// The folder `sigbus_child` makes its file in.
+const SIGBUS_DIR: &str = "BAD_INPUT_SIGBUS_DIR";
 
 /// What cannot be made safe: the mapping's bytes are a `&[u8]`, and the kernel
 /// answers a read of a page the file lost with `SIGBUS` (documented on
@@ -702,7 +709,7 @@ fn reading_lost_pages_through_the_mapping_is_sigbus() {
     let t = start();
     let dir = TempDir::new("bad-input-sigbus");
     let dir_s = dir.path().to_str().expect("a UTF-8 temporary path");
-    let r = wirespeed_tests::run_test_in_child("sigbus_child", false, &[(SIGBUS_CHILD, dir_s)]);
+    let r = wirespeed_tests::spawn_child("sigbus_child", &[(SIGBUS_DIR, dir_s)]);
     let (out, so, se) = (r.output, r.stdout, r.stderr);
     use std::os::unix::process::ExitStatusExt;
     assert!(so.contains("SIGBUS-CHILD: mapped and truncated"), "the child did not get there:\n{so}\n{se}");
@@ -711,8 +718,12 @@ fn reading_lost_pages_through_the_mapping_is_sigbus() {
 }
 
 #[test]
+#[ignore = "runs in a child process started by reading_lost_pages_through_the_mapping_is_sigbus"]
 fn sigbus_child() {
-    let Some(dir) = std::env::var_os(SIGBUS_CHILD) else { return };
+    if !wirespeed_tests::is_child("sigbus_child") {
+        return;
+    }
+    let dir = std::env::var_os(SIGBUS_DIR).expect("the folder to use");
     let path = Path::new(&dir).join("lost.bin");
     write_pattern_file(&path, 7, LEN);
     let f = open_mapped(&path).unwrap();

@@ -9,21 +9,7 @@
 
 use std::ffi::{CString, c_void};
 use wirespeed_cuda_sys::{DevicePropBuffer, LoadError, RUNTIME_PATH_ENV, Runtime, SEARCH_ORDER, SYMBOLS, cudaError_t};
-use wirespeed_tests::start;
-
-const CHILD: &str = "LOADER_CHILD";
-
-/// Runs the `#[ignore]`d test `name` of this binary in a child process with
-/// `env`; returns its standard output.
-fn run_child(name: &str, env: &[(&str, &str)]) -> String {
-    let mut env = env.to_vec();
-    env.push((CHILD, name));
-    wirespeed_tests::run_child_expecting(name, true, &env, &format!("child {name} ran")).stdout
-}
-
-fn is_child(name: &str) -> bool {
-    std::env::var(CHILD).is_ok_and(|v| v == name)
-}
+use wirespeed_tests::{child_ran, is_child, run_child, start};
 
 /// `dlopen` of a library this process already loaded (or null).
 fn loaded_handle(path: &str) -> *mut c_void {
@@ -175,7 +161,7 @@ fn the_emulator_loads_by_path_as_cuda_13() {
 #[test]
 fn other_major_versions_are_refused() {
     for v in ["14000", "11080", "0"] {
-        let out = run_child("child_unsupported_version", &[("CUDA_EMU_VERSION", v)]);
+        let out = run_child("child_unsupported_version", &[("CUDA_EMU_VERSION", v)]).stdout;
         assert!(out.contains(&format!("refused {v}")), "{out}");
     }
 }
@@ -192,7 +178,7 @@ fn child_unsupported_version() {
     assert_eq!(e, LoadError::UnsupportedVersion { library: path.clone(), version: v });
     assert!(e.to_string().contains("support 12 and 13"), "{e}");
     println!("refused {v}");
-    println!("child child_unsupported_version ran");
+    child_ran("child_unsupported_version");
 }
 
 /// CUDA 12.0 to 12.7 lack `cudaEventElapsedTime_v2` (it arrived in 12.8): the
@@ -234,7 +220,7 @@ fn a_fault_of_code_zero_is_refused() {
 
 #[test]
 fn the_emulator_as_cuda_12_uses_the_cuda_12_symbols() {
-    let out = run_child("child_emulator_as_cuda_12", &[("CUDA_EMU_VERSION", "12090")]);
+    let out = run_child("child_emulator_as_cuda_12", &[("CUDA_EMU_VERSION", "12090")]).stdout;
     assert!(out.contains("version 12090"), "{out}");
 }
 
@@ -275,7 +261,7 @@ fn child_emulator_as_cuda_12() {
     drop((s, a, b));
     assert!(ctl.counters().is_clean());
     println!("version {}", info.runtime_version);
-    println!("child child_emulator_as_cuda_12 ran");
+    child_ran("child_emulator_as_cuda_12");
 }
 
 // ------------------------------------------------------------------ this binary's runtime
@@ -373,7 +359,8 @@ fn wheel_runtimes_surface_through_cuda_safe() {
     for &(file, major) in WHEELS {
         let path = dir.join(file).to_str().unwrap().to_string();
         let out =
-            run_child("child_wheel_runtime", &[(RUNTIME_PATH_ENV, &path), ("LOADER_EXPECT_MAJOR", &major.to_string())]);
+            run_child("child_wheel_runtime", &[(RUNTIME_PATH_ENV, &path), ("LOADER_EXPECT_MAJOR", &major.to_string())])
+                .stdout;
         eprint!("{out}");
     }
 }
@@ -406,5 +393,5 @@ fn child_wheel_runtime() {
             assert_eq!(info.driver_version, 0);
         }
     }
-    println!("child child_wheel_runtime ran");
+    child_ran("child_wheel_runtime");
 }

@@ -349,8 +349,6 @@ fn malloc_fault_in_for_each_chunk() {
     }
 }
 
-const STICKY_CHILD: &str = "PINNED_MEM_STICKY_CHILD";
-
 /// A lost context (sticky error) with copies in flight: every strategy fails
 /// fast with the sticky error and never hangs. What a copy might still have
 /// used when waiting failed is leaked by design (cuda-safe never frees memory a
@@ -359,13 +357,14 @@ const STICKY_CHILD: &str = "PINNED_MEM_STICKY_CHILD";
 #[test]
 fn a_lost_context_fails_fast_without_hanging() {
     let t = start_emulated();
-    wirespeed_tests::run_child_expecting("sticky_child", false, &[(STICKY_CHILD, "1")], "STICKY-OK");
+    wirespeed_tests::run_child("sticky_child", &[]);
     t.assert_clean();
 }
 
 #[test]
+#[ignore = "runs in a child process started by a_lost_context_fails_fast_without_hanging"]
 fn sticky_child() {
-    if std::env::var_os(STICKY_CHILD).is_none() {
+    if !wirespeed_tests::is_child("sticky_child") {
         return;
     }
     let t = start_emulated();
@@ -397,5 +396,5 @@ fn sticky_child() {
         println!("{strategy}: after a lost context: {c:?}");
         assert_eq!((c.streams, c.events), (0, 0), "{strategy}: {c:?}");
     }
-    println!("STICKY-OK");
+    wirespeed_tests::child_ran("sticky_child");
 }

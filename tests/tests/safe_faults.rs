@@ -15,7 +15,7 @@ use wirespeed_cuda::{
     Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind, runtime_info,
 };
 use wirespeed_cuda_sys::{cudaError_t, cudaMemoryType};
-use wirespeed_tests::{Ctx, Pages, pattern, start_emulated};
+use wirespeed_tests::{Ctx, Pages, child_ran, is_child, pattern, run_child, start_emulated};
 
 fn dev() -> Device {
     Device::get(0).expect("device 0")
@@ -656,19 +656,6 @@ fn sticky_error_surfaces_from_pending_wait() {
 
 // ------------------------------------------------------------------ other error paths, in child processes
 
-const CHILD: &str = "SAFE_FAULTS_CHILD";
-
-/// Runs the `#[ignore]`d test `name` of this binary in a child process with `env`.
-fn run_child(name: &str, env: &[(&str, &str)]) {
-    let mut env = env.to_vec();
-    env.push((CHILD, name));
-    wirespeed_tests::run_child_expecting(name, true, &env, &format!("child {name} ran"));
-}
-
-fn is_child(name: &str) -> bool {
-    std::env::var(CHILD).is_ok_and(|v| v == name)
-}
-
 #[test]
 fn no_device() {
     run_child("child_no_device", &[("CUDA_EMU_DEVICES", "0")]);
@@ -688,7 +675,7 @@ fn child_no_device() {
     assert!(runtime_info().is_ok());
     clear_last_error();
     t.assert_clean();
-    println!("child child_no_device ran");
+    child_ran("child_no_device");
 }
 
 #[test]
@@ -763,5 +750,5 @@ fn child_two_devices() {
     drop(reg2);
     assert_eq!(t.counters().unwrap().registrations, 0, "unregistered despite the failed switch");
     t.emu().reset();
-    println!("child child_two_devices ran");
+    child_ran("child_two_devices");
 }

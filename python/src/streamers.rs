@@ -1,0 +1,85 @@
+//! The streamers and mapped files `read_file` uses, kept for the process so
+//! that repeated calls reuse their pinned ring, registrations and mappings.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use wirespeed_cuda::Device;
+use wirespeed_cuda::locks::lock;
+use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
+
+use crate::error::err;
+
+/// The streamers, one per (device, budget, strategy), kept for the process
+/// so that repeated calls reuse their pinned ring and registrations.
+type StreamerKey = (usize, u64, Strategy);
+static STREAMERS: Mutex<Option<HashMap<StreamerKey, Arc<Streamer>>>> = Mutex::new(None);
+
+/// Files opened, by path, with what identified them when opened.
+type FileKey = (u64, u64, u64, i64, i64);
+type Files = HashMap<PathBuf, (FileKey, Arc<MappedFile>)>;
+static FILES: Mutex<Option<Files>> = Mutex::new(None);
+
+/// The strategy a Python caller names.
+pub(crate) fn parse_strategy(s: &str) -> PyResult<Strategy> {
+    const MIB: usize = 1 << 20;
+    Ok(match s {
+        "auto" => Strategy::Auto,
+        "whole-file" | "whole" => Strategy::WholeFile,
+        "windows" => Strategy::Windows { window: 64 * MIB, in_flight: 4 },
+        "ring" => Strategy::Ring { slots: 8, slot: 4 * MIB, threads: 4 },
+        "hybrid" => Strategy::Hybrid { window: 64 * MIB, slot: 4 * MIB, threads: 4 },
+        "direct" => Strategy::Direct { slots: 8, slot: 4 * MIB, threads: 4 },
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown strategy {s:?}: use auto, whole-file, windows, ring, hybrid or direct"
+            )));
+        }
+    })
+}
+
+/// The kept streamer of `device` with this budget and strategy, made on first use.
+pub(crate) fn streamer(device: usize, budget: u64, strategy: Strategy) -> PyResult<Arc<Streamer>> {
+    let mut g = lock(&STREAMERS);
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(s) = map.get(&(device, budget, strategy)) {
+        return Ok(s.clone());
+    }
+    let dev = Device::get(device).map_err(err)?;
+    let s = Arc::new(Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(budget))).map_err(err)?);
+    map.insert((device, budget, strategy), s.clone());
+    Ok(s)
+}
+
+/// The kept mapping of `path`, opened anew when the file changed since.
+pub(crate) fn mapped(path: &Path) -> PyResult<Arc<MappedFile>> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+    let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+    let mut g = lock(&FILES);
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some((k, f)) = map.get(path)
+        && *k == key
+    {
+        return Ok(f.clone());
+    }
+    // SAFETY: the package documents that a file being read must not be
+    // written or truncated meanwhile (the library's contract); a file that
+    // changed since it was opened is opened anew.
+    let f = unsafe { MappedFile::open(path) }.map_err(err)?;
+    map.insert(path.to_path_buf(), (key, f.clone()));
+    Ok(f)
+}
+
+/// Host bytes the kept streamers pin now, drawn from their budgets.
+pub(crate) fn pinned_bytes() -> u64 {
+    lock(&STREAMERS).as_ref().map_or(0, |m| m.values().map(|s| s.config().budget.used()).sum())
+}
+
+/// Everything kept, taken out (to be dropped without the GIL).
+pub(crate) fn take() -> impl Send {
+    (lock(&STREAMERS).take(), lock(&FILES).take())
+}
