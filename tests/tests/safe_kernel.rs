@@ -416,6 +416,18 @@ fn bad_configs_and_arguments_are_typed_errors_and_enqueue_nothing() {
     if let Some(before) = launches {
         assert_eq!(t.emu().call_count("cudaLaunchKernel").unwrap(), before, "refused before CUDA");
     }
+    if t.emulated() {
+        // Host memory the device cannot address (the lookup made to fail).
+        let host = PinnedBuffer::<u8>::new(4 * REC).unwrap();
+        let invalid = cudaError::cudaErrorInvalidValue.0;
+        assert!(t.emu().inject_fault("cudaHostGetDevicePointer", 1, invalid, false));
+        let args = gather_args(&mut batch, |a| a.read_host(&host), &offsets_dev, REC);
+        // SAFETY: as above, with `host` as the records.
+        let e = unsafe { s.launch(&gather, config(2), args) }.unwrap_err();
+        assert_eq!((e.call(), e.code()), ("cudaHostGetDevicePointer", Some(invalid)), "{e}");
+        assert!(e.hint().unwrap().contains("RegisterFlags::mapped"), "{e}");
+        assert_eq!(t.emu().call_count("cudaLaunchKernel").unwrap(), launches.unwrap_or(0), "refused before the launch");
+    }
     let args = gather_args(&mut batch, |a| a.read(&pool), &offsets_dev, REC);
     // SAFETY: as above.
     let e = unsafe { s.launch(&gather, LaunchConfig::linear(1, 2048), args) }.unwrap_err();
