@@ -146,6 +146,12 @@ impl Error {
                     "no usable driver API for a registration context: register in the primary context (HostRegistration::new) instead",
                 );
             }
+            Error::Load(LoadError::RuntimeTooOld { .. }) => {
+                return Some(
+                    "this CUDA runtime predates run-time loaded kernels: use a 12.5 or later (or 13) runtime, \
+                     e.g. set CUDA_SYS_RUNTIME to its libcudart.so",
+                );
+            }
             Error::Load(_) => return Some("install the CUDA runtime or set CUDA_SYS_RUNTIME to a libcudart.so"),
             Error::InvalidArgument { .. } => return None,
             Error::Driver { call: "cuCtxCreate", code, .. } if !STICKY_CODES.contains(code) => {
@@ -179,6 +185,10 @@ impl Error {
                 if self.call() == "cudaHostRegister" || self.call() == "cuMemHostRegister" =>
             {
                 "cudaHostRegister refused the range: a read-only or file mapping needs the ReadOnly flag (PROT_READ + MAP_SHARED), and the range must be mapped"
+            }
+            cudaError::cudaErrorInvalidValue if self.call() == "cudaHostGetDevicePointer" => {
+                "the host memory is not mapped for the device: allocate it pinned (PinnedBuffer) or register it \
+                 with RegisterFlags::mapped"
             }
             cudaError::cudaErrorHostMemoryAlreadyRegistered => {
                 "these pages are already registered: share the existing registration or register disjoint pages"

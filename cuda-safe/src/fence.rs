@@ -7,7 +7,8 @@
 //! is enough to (a) make host access and `Drop` wait for exactly the streams
 //! that still use a buffer, and (b) make an operation on one stream wait for
 //! another stream's use of the same buffer, with an event recorded only then
-//! ([`Stream::enqueue`]). Writers that took part of a buffer out of its borrow
+//! ([`Stream::enqueue`]; an operation on any number of buffers, a kernel
+//! launch, goes through [`many`]). Writers that took part of a buffer out of its borrow
 //! ([`crate::DetachedSliceMut`]) leave a [`Hold`] in its fence until they hand
 //! over their own record.
 
@@ -18,6 +19,9 @@ use crate::stream::{Pending, Stream, StreamInner, Use};
 use crate::sync::{SpinGuard, SpinLock};
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex};
+
+mod many;
+pub(crate) use many::{Access, FenceUse};
 
 /// The device addresses `[start, end)` an operation touches (host addresses
 /// for host memory, where no hold is ever taken).

@@ -41,6 +41,13 @@
 //!    enqueue is not known. Leaking the writer leaves the hold: the owner
 //!    blocks or leaks, it never frees or reads memory under a copy.
 //!
+//! Kernels loaded at run time ([`Library`], [`Kernel`]) are launched by
+//! [`Stream::launch`], which is `unsafe` because nothing can check what device
+//! code does: its caller vouches that the parameters ([`KernelArgs`]) match the
+//! kernel and that it touches only the memory given as its reads and writes.
+//! Given that, a launch is fenced as a copy is (with any number of buffers),
+//! and its library stays loaded until the launch completes.
+//!
 //! Device memory allocated elsewhere (another library's buffer) enters through
 //! the `unsafe` [`DeviceSliceMut::from_raw_parts`], whose contract says what
 //! the caller vouches for; parts of one buffer written at once come from
@@ -96,6 +103,7 @@ mod device;
 mod error;
 mod fence;
 mod hostfn;
+mod kernel;
 pub mod locks;
 mod memory;
 mod raw;
@@ -106,10 +114,11 @@ pub use context::RegistrationContext;
 pub use device::{Device, RuntimeInfo, runtime_info};
 pub use error::{Error, Result, STICKY_CODES};
 pub use fence::Fence;
+pub use kernel::{Kernel, LaunchConfig, Library};
 pub use memory::{
     DetachedSliceMut, DeviceBuffer, DeviceSink, DeviceSlice, DeviceSliceMut, DeviceSource, HostMemory,
-    HostRegistration, HostSink, HostSource, Lane, Lanes, PinnedBuffer, PinnedFlags, PinnedSlice, PinnedSliceMut, Pod,
-    PointerKind, RegisterFlags, host_device_pointer, host_flags, pointer_kind,
+    HostRegistration, HostSink, HostSource, KernelArgs, Lane, Lanes, PinnedBuffer, PinnedFlags, PinnedSlice,
+    PinnedSliceMut, Pod, PointerKind, RegisterFlags, host_device_pointer, host_flags, pointer_kind,
 };
 pub use stream::{Event, EventOptions, Pending, Stream, StreamOptions};
 

@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use std::ffi::{c_int, c_uint, c_void};
 use wirespeed_cuda_sys::driver::{CUcontext, CUdevice, CUresult};
 use wirespeed_cuda_sys::{
-    Api, DriverApi, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaMemcpyKind, cudaMemoryType, cudaStream_t,
+    Api, DriverApi, LibraryApi, LoadError, cudaDeviceAttr, cudaError, cudaError_t, cudaEvent_t, cudaKernel_t,
+    cudaLibrary_t, cudaMemcpyKind, cudaMemoryType, cudaStream_t, dim3,
 };
 
 /// Where an asynchronous call goes: a stream, with the function table its
@@ -346,6 +347,81 @@ pub(crate) fn clear_last_error() {
         // SAFETY: no arguments.
         unsafe { (api.cudaGetLastError)() };
     }
+}
+
+// ---------------------------------------------------------------- kernels
+
+/// The runtime's library functions, looked up once (see [`LibraryApi`]).
+fn library_api() -> Result<&'static LibraryApi> {
+    static LIBRARY: std::sync::OnceLock<std::result::Result<LibraryApi, LoadError>> = std::sync::OnceLock::new();
+    crate::hostfn::release();
+    let rt = wirespeed_cuda_sys::runtime()?;
+    LIBRARY.get_or_init(|| rt.library_api()).as_ref().map_err(|e| Error::Load(e.clone()))
+}
+
+/// Loads the NUL-terminated PTX text `ptx` as a library for every device.
+pub(crate) fn library_load_data(ptx: &std::ffi::CStr) -> Result<cudaLibrary_t> {
+    let lib = library_api()?;
+    use std::ptr::null_mut as none;
+    let mut l = none();
+    // SAFETY: `l` is a valid place for the handle; `ptx` is NUL-terminated
+    // text, which the runtime reads during the call only; no options (null
+    // arrays with counts 0).
+    check("cudaLibraryLoadData", unsafe {
+        (lib.cudaLibraryLoadData)(&mut l, ptx.as_ptr().cast(), none(), none(), 0, none(), none(), 0)
+    })?;
+    Ok(l)
+}
+
+/// # Safety
+/// `library` is a live library handle (not unloaded before this returns).
+pub(crate) unsafe fn library_get_kernel(library: cudaLibrary_t, name: &std::ffi::CStr) -> Result<cudaKernel_t> {
+    let lib = library_api()?;
+    let mut k = std::ptr::null_mut();
+    // SAFETY: the caller's contract; `k` is a valid place; `name` is NUL-terminated.
+    check("cudaLibraryGetKernel", unsafe { (lib.cudaLibraryGetKernel)(&mut k, library, name.as_ptr()) })?;
+    Ok(k)
+}
+
+/// # Safety
+/// `library` is a live library handle that is not used again, by this
+/// thread or any other, and no launch of its kernels is queued or running.
+pub(crate) unsafe fn library_unload(library: cudaLibrary_t) -> Result<()> {
+    let lib = library_api()?;
+    // SAFETY: the caller's contract.
+    check("cudaLibraryUnload", unsafe { (lib.cudaLibraryUnload)(library) })
+}
+
+/// A kernel's grid, block and dynamic shared memory.
+#[derive(Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) grid: dim3,
+    pub(crate) block: dim3,
+    pub(crate) shared_bytes: usize,
+}
+
+/// # Safety
+/// `q` comes from a live stream (see [`Queue`]); `kernel` is a live kernel
+/// handle of a library loaded until the launch completes; `params` holds one
+/// pointer per parameter of the kernel, in order, each to a value of that
+/// parameter's size (the runtime copies them during the call); and what the
+/// device code reads and writes is memory that stays valid, and that nothing
+/// else writes (or, for what it writes, reads), until the stream reaches the
+/// kernel's end.
+pub(crate) unsafe fn launch_kernel(
+    q: Queue,
+    kernel: cudaKernel_t,
+    shape: Shape,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    let Queue { api, stream } = q;
+    crate::hostfn::release();
+    let Shape { grid, block, shared_bytes } = shape;
+    // SAFETY: the caller's contract. A `cudaKernel_t` is accepted in place of
+    // the function symbol (CUDA 12 and later).
+    check("cudaLaunchKernel", unsafe {
+        (api.cudaLaunchKernel)(kernel.cast_const().cast(), grid, block, params.as_mut_ptr(), shared_bytes, stream)
+    })
 }
 
 // ---------------------------------------------------------------- the driver API

@@ -320,6 +320,13 @@ static int set_err(int e) {
  * and does not become the last error (as in the real runtime). */
 static int ret(int e) { return e == cudaErrorNotReady ? e : set_err(e); }
 
+/* The outcome of a call that waited for, or looked at, work that has finished:
+ * its own error, else the sticky error, which a device fault (a kernel
+ * touching memory it may not) raises while the work runs, after the call's
+ * prologue looked. As with the real runtime, the wait or query that sees the
+ * faulted work finish reports the fault. */
+static int after_work(int e) { return e ? e : atomic_load(&g_sticky); }
+
 /* ======================================================================== */
 /* 4. Call counting and fault injection                                     */
 /* ======================================================================== */
@@ -1045,7 +1052,10 @@ static int do_copy(void *dst, const void *src, size_t n, int kind, cudaStream_t 
     uint64_t seq;
     e = enqueue_locked(s, o, NULL, 0, &seq);
     if (e) { free(o->staging); free(o); goto out; }
-    if (wait) wait_seq_locked(s, seq);
+    if (wait) {
+        wait_seq_locked(s, seq);
+        e = after_work(e);
+    }
 out:
     pthread_mutex_unlock(&g_lock);
     return e;
@@ -1069,7 +1079,10 @@ static int do_memset(void *dst, int value, size_t n, cudaStream_t h, int sync) {
     uint64_t seq;
     e = enqueue_locked(s, o, NULL, 0, &seq);
     if (e) free(o);
-    else if (sync) wait_seq_locked(s, seq);
+    else if (sync) {
+        wait_seq_locked(s, seq);
+        e = after_work(e);
+    }
 out:
     pthread_mutex_unlock(&g_lock);
     return e;
@@ -1176,7 +1189,7 @@ EXPORT cudaError_t cudaDeviceSynchronize(void) {
     int d, e = current_device(&d);
     if (e) return set_err(e);
     pthread_mutex_lock(&g_lock);
-    e = drain_locked(d);
+    e = after_work(drain_locked(d));
     pthread_mutex_unlock(&g_lock);
     return set_err(e);
 }
@@ -1514,7 +1527,7 @@ EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
     int e = resolve_stream_locked(h, &s);
     if (!e) wait_seq_locked(s, s->enq_seq);
     pthread_mutex_unlock(&g_lock);
-    return set_err(e);
+    return set_err(after_work(e));
 }
 
 EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
@@ -1524,7 +1537,7 @@ EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
     int e = resolve_stream_locked(h, &s);
     if (!e && pending(s)) e = cudaErrorNotReady;
     pthread_mutex_unlock(&g_lock);
-    return ret(e);
+    return ret(after_work(e));
 }
 
 EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t event_h, unsigned flags) {
@@ -1864,7 +1877,7 @@ EXPORT cudaError_t cudaEventQuery(cudaEvent_t event_h) {
     event *ev = find_event_locked(event_h);
     int e = !ev ? cudaErrorInvalidResourceHandle : event_done(ev) ? cudaSuccess : cudaErrorNotReady;
     pthread_mutex_unlock(&g_lock);
-    return ret(e);
+    return ret(after_work(e));
 }
 
 EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event_h) {
@@ -1882,7 +1895,7 @@ EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event_h) {
         event_unref_locked(ev);
     }
     pthread_mutex_unlock(&g_lock);
-    return set_err(e);
+    return set_err(after_work(e));
 }
 
 static int elapsed(float *ms, cudaEvent_t start_h, cudaEvent_t end_h) {

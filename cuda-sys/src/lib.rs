@@ -35,10 +35,12 @@ mod driver_loader;
 #[cfg_attr(docsrs, doc(cfg(feature = "emulator")))]
 pub mod emulator;
 mod libraries;
+mod library_api;
 mod loader;
 
 pub use driver_loader::{Driver, driver};
 pub use libraries::{DRIVER_LIBRARY, RUNTIME_PATH_ENV, SEARCH_ORDER};
+pub use library_api::LibraryApi;
 pub use loader::{LoadError, Runtime, runtime, set_runtime_path};
 
 /// Types and constants of the CUDA 13 runtime headers (generated).

@@ -64,6 +64,19 @@ pub enum LoadError {
         /// What the lookup said.
         why: String,
     },
+    /// The runtime lacks an optional function that one of its features needs
+    /// (it predates the function): [`Runtime::library_api`]'s library
+    /// functions, which CUDA 12 runtimes gained in 12.5.
+    RuntimeTooOld {
+        /// The runtime library.
+        library: String,
+        /// Its version (`1000 * major + 10 * minor`).
+        version: i32,
+        /// The function it lacks (`"cudaLibraryLoadData"`).
+        symbol: String,
+        /// What needs it (`"loading kernels at run time"`).
+        needed_for: &'static str,
+    },
 }
 
 impl fmt::Display for LoadError {
@@ -108,6 +121,14 @@ impl fmt::Display for LoadError {
             LoadError::MissingDriverSymbol { source, symbol, version, why } => write!(
                 f,
                 "{source}: no driver function {symbol} (ABI version {}.{}): {why}; update the NVIDIA driver",
+                version / 1000,
+                version % 1000 / 10
+            ),
+            LoadError::RuntimeTooOld { library, version, symbol, needed_for } => write!(
+                f,
+                "{library} (CUDA runtime {}.{}) has no {symbol}, which {needed_for} needs: use a CUDA runtime \
+                 12.5 or later (13 has it), e.g. `pip install 'nvidia-cuda-runtime-cu12>=12.5'`, and point \
+                 {RUNTIME_PATH_ENV} at its libcudart.so",
                 version / 1000,
                 version % 1000 / 10
             ),

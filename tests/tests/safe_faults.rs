@@ -11,10 +11,11 @@
 
 use std::sync::Arc;
 use wirespeed_cuda::{
-    Device, DeviceBuffer, Error, Event, EventOptions, HostRegistration, PinnedBuffer, PinnedFlags, RegisterFlags,
-    Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind, runtime_info,
+    Device, DeviceBuffer, Error, Event, EventOptions, HostRegistration, KernelArgs, LaunchConfig, Library,
+    PinnedBuffer, PinnedFlags, RegisterFlags, Stream, StreamOptions, host_device_pointer, host_flags, pointer_kind,
+    runtime_info,
 };
-use wirespeed_cuda_sys::{cudaError_t, cudaMemoryType};
+use wirespeed_cuda_sys::{cudaError, cudaError_t, cudaMemoryType};
 use wirespeed_tests::{Ctx, Pages, child_ran, is_child, pattern, run_child, start_emulated};
 
 fn dev() -> Device {
@@ -482,7 +483,62 @@ fault_tests! {
         assert!(b.elapsed_ms(&a).unwrap() >= 0.0);
         drop((s, a, b));
     };
+    cudaLibraryLoadData => |t| {
+        inject(t, "cudaLibraryLoadData", cudaError::cudaErrorInvalidPtx.0);
+        expect_fault(Library::load_ptx(GATHER_PTX), "cudaLibraryLoadData", cudaError::cudaErrorInvalidPtx.0);
+        assert_eq!(t.counters().unwrap().libraries, 0, "nothing loaded");
+        inject(t, "cudaLibraryLoadData", cudaError::cudaErrorMemoryAllocation.0);
+        let e = expect_fault(Library::load_ptx(GATHER_PTX), "cudaLibraryLoadData", cudaError::cudaErrorMemoryAllocation.0);
+        assert!(e.hint().unwrap().contains("out of memory"));
+        assert!(Library::load_ptx(GATHER_PTX).unwrap().kernel("wirespeed_gather").is_ok());
+    };
+    cudaLibraryGetKernel => |t| {
+        let lib = Library::load_ptx(GATHER_PTX).unwrap();
+        inject(t, "cudaLibraryGetKernel", cudaError::cudaErrorSymbolNotFound.0);
+        expect_fault(lib.kernel("wirespeed_gather"), "cudaLibraryGetKernel", cudaError::cudaErrorSymbolNotFound.0);
+        let k = lib.kernel("wirespeed_gather").unwrap();
+        drop(lib);
+        assert_eq!(t.counters().unwrap().libraries, 1, "the kernel keeps its library");
+        drop(k);
+    };
+    cudaLibraryUnload => |t| {
+        // Drop cannot report the error: the library is leaked (still loaded).
+        let lib = Library::load_ptx(GATHER_PTX).unwrap();
+        let raw = lib.as_raw();
+        inject(t, "cudaLibraryUnload", 999);
+        drop(lib);
+        assert_eq!(t.counters().unwrap().libraries, 1, "the failed unload left the library");
+        let fns = wirespeed_cuda_sys::runtime().unwrap().library_api().unwrap();
+        // SAFETY: the leaked library; nothing refers to it any more.
+        assert_eq!(unsafe { (fns.cudaLibraryUnload)(raw) }.0, 0);
+    };
+    cudaLaunchKernel => |t| {
+        let d = dev();
+        let s = Stream::new(&d).unwrap();
+        let gather = Library::load_ptx(GATHER_PTX).unwrap().kernel("wirespeed_gather").unwrap();
+        let src = DeviceBuffer::<u8>::zeroed(&d, 64).unwrap();
+        let offsets = DeviceBuffer::<u64>::zeroed(&d, 4).unwrap();
+        let mut batch = DeviceBuffer::<u8>::zeroed(&d, 4 * 16).unwrap();
+        let launches = t.counters().unwrap().kernel_launches;
+        inject(t, "cudaLaunchKernel", cudaError::cudaErrorInvalidDeviceFunction.0);
+        let args = KernelArgs::new().write(&mut batch).read(&src).read(&offsets).value(4u64).value(16u64);
+        // SAFETY: wirespeed_gather's parameters; it reads 4 records of 16
+        // bytes at offset 0 of `src`, and `offsets`, and writes `batch`.
+        let r = unsafe { s.launch(&gather, LaunchConfig::linear(1, 256), args) };
+        expect_fault(r, "cudaLaunchKernel", cudaError::cudaErrorInvalidDeviceFunction.0);
+        // Nothing was enqueued or recorded: the buffers are idle and usable.
+        assert!(batch.to_vec().unwrap().iter().all(|&b| b == 0));
+        assert_eq!(t.counters().unwrap().kernel_launches, launches);
+        let args = KernelArgs::new().write(&mut batch).read(&src).read(&offsets).value(4u64).value(16u64);
+        // SAFETY: as above.
+        unsafe { s.launch(&gather, LaunchConfig::linear(1, 256), args) }.unwrap().wait().unwrap();
+        assert_eq!(t.counters().unwrap().kernel_launches, launches + 1);
+        drop((s, gather, src, offsets, batch));
+    };
 }
+
+/// The gather kernel's PTX (the emulator runs its own copy of the kernel).
+const GATHER_PTX: &str = include_str!("../../pinned-mem/kernels/gather.ptx");
 
 // ------------------------------------------------------------------ the list of call sites
 
@@ -527,7 +583,12 @@ fn call_sites_match_raw_rs() {
         ("memory/pinned.rs", include_str!("../../cuda-safe/src/memory/pinned.rs")),
         ("memory/registered.rs", include_str!("../../cuda-safe/src/memory/registered.rs")),
         ("memory/traits.rs", include_str!("../../cuda-safe/src/memory/traits.rs")),
+        ("memory/args.rs", include_str!("../../cuda-safe/src/memory/args.rs")),
         ("fence.rs", include_str!("../../cuda-safe/src/fence.rs")),
+        ("fence/many.rs", include_str!("../../cuda-safe/src/fence/many.rs")),
+        ("kernel/mod.rs", include_str!("../../cuda-safe/src/kernel/mod.rs")),
+        ("kernel/library.rs", include_str!("../../cuda-safe/src/kernel/library.rs")),
+        ("kernel/launch.rs", include_str!("../../cuda-safe/src/kernel/launch.rs")),
         ("stream.rs", include_str!("../../cuda-safe/src/stream.rs")),
     ] {
         assert!(!text.contains("check(\"") && !text.contains(".api()"), "{file} calls CUDA outside raw.rs");

@@ -13,9 +13,11 @@
 //! - [`device`], [`detached`], [`lanes`]: device memory, its views, and its
 //!   writers that enqueue later;
 //! - [`pinned`] and [`registered`]: host memory that copies accept;
-//! - [`copies`]: the operations of [`Stream`](crate::Stream) on all of them.
+//! - [`copies`]: the operations of [`Stream`](crate::Stream) on all of them;
+//! - [`args`]: the parameters of a kernel launch that point to them.
 
 mod accessors;
+mod args;
 mod checks;
 mod copies;
 mod detached;
@@ -25,6 +27,7 @@ mod pinned;
 mod registered;
 mod traits;
 
+pub use args::KernelArgs;
 pub use checks::{PointerKind, host_device_pointer, host_flags, pointer_kind};
 pub use detached::DetachedSliceMut;
 pub use device::{DeviceBuffer, DeviceSlice, DeviceSliceMut};
