@@ -104,7 +104,10 @@ pub use mapping::MappedFile;
 pub use memlock::{memlock_headroom, memlock_limit};
 pub use range::{PinOptions, PinnedRange};
 pub use ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing, SlotSource};
-pub use shuffle::{Permutation, Records, Sharding};
+pub use shuffle::{
+    BatchInfo, DEFAULT_BLOCK_BYTES, DEFAULT_PIN_BUDGET, Loader, LoaderConfig, LoaderState, Permutation, Records,
+    Sharding, Way,
+};
 pub use strategy::Strategy;
 pub use streamer::{
     Breakdown, CopyStreams, Progress, Report, StartOptions, StreamConfig, Streamer, Transfer, WindowContext,

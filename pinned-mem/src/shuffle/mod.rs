@@ -1,11 +1,17 @@
-//! Shuffled batches of records from files of any size: which records each
-//! batch holds ([`Permutation`], [`Sharding`]) and the files as records
-//! ([`Records`]).
+//! Shuffled batches of records from files of any size: the files as records
+//! ([`Records`]), which records each batch holds ([`Permutation`],
+//! [`Sharding`]), and the [`Loader`] that gathers them on the GPU.
 
+mod config;
+mod gather;
+mod loader;
 mod order;
-#[allow(dead_code)] // used by the engine, which comes next
 mod plan;
+mod pool;
 mod records;
+mod ring;
 
+pub use config::{DEFAULT_BLOCK_BYTES, DEFAULT_PIN_BUDGET, LoaderConfig, Way};
+pub use loader::{BatchInfo, Loader, LoaderState};
 pub use order::{Permutation, Sharding};
 pub use records::Records;

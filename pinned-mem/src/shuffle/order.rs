@@ -14,7 +14,6 @@ pub(crate) fn mix(mut x: u64) -> u64 {
 }
 
 /// A key derived from a seed and the words that name one use of it.
-#[allow(dead_code)] // used by the engine, which comes next
 pub(crate) fn key(seed: u64, words: &[u64]) -> u64 {
     words.iter().fold(mix(seed), |k, &w| mix(k ^ mix(w)))
 }

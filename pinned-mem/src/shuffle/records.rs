@@ -130,6 +130,21 @@ impl Records {
         Ok(Records { count, ..r })
     }
 
+    /// The first `count` records only (an array whose file holds more, as an
+    /// `np.memmap` with an explicit shape sees it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `count` is 0 or more than the file holds.
+    pub fn take(self, count: u64) -> Result<Records> {
+        if count == 0 || count > self.count {
+            return Err(Error::invalid(
+                "records",
+                format!("{}: {count} records asked, the file holds {}", self.file.path().display(), self.count),
+            ));
+        }
+        Ok(Records { count, ..self })
+    }
+
     /// The file.
     pub fn file(&self) -> &Arc<MappedFile> {
         &self.file

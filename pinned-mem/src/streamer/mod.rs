@@ -85,6 +85,7 @@ mod worker;
 
 pub use config::{CopyStreams, Progress, StreamConfig};
 pub use report::{Breakdown, Report, WindowContext};
+pub(crate) use transfer::Outcome;
 pub use transfer::{StartOptions, Transfer};
 
 use cache::kept;

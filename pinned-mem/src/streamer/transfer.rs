@@ -403,6 +403,30 @@ impl Future for Transfer<'_> {
     }
 }
 
+/// A transfer's outcome, kept by a user inside this crate after the
+/// [`Transfer`] handle (and its borrows) is let go: the destination's fence
+/// orders the memory's later uses, this tells whether the copies succeeded.
+pub(crate) struct Outcome(Arc<TransferState>);
+
+impl<'a> Transfer<'a> {
+    /// Lets go of the handle, keeping its outcome.
+    pub(crate) fn into_outcome(self) -> Outcome {
+        Outcome(self.state.clone())
+    }
+}
+
+impl Outcome {
+    /// Waits for the transfer to end; its report, or its error (once: a
+    /// second call answers [`Error::InvalidArgument`]).
+    pub(crate) fn wait(&self) -> Result<Report> {
+        let mut st = self.0.status();
+        while st.phase != Phase::Finished {
+            st = self.0.wait(st);
+        }
+        st.result.take().unwrap_or_else(|| Err(taken()))
+    }
+}
+
 /// Where a transfer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

@@ -1,0 +1,88 @@
+//! The gather kernel (`kernels/gather.cu`), loaded once per process, behind
+//! a safe call that checks every address the kernel will touch.
+
+use wirespeed_cuda::{
+    DeviceBuffer, DeviceSlice, DeviceSliceMut, Kernel, KernelArgs, LaunchConfig, Library, PinnedSlice, Stream,
+};
+
+use crate::error::{Error, Result};
+
+/// The kernel's PTX, built by `scripts/gen-ptx.py` (CUDA 12.0's ISA, so that
+/// every supported driver loads it).
+pub(crate) const GATHER_PTX: &str = include_str!("../../kernels/gather.ptx");
+const ENTRY: &str = "wirespeed_gather";
+/// Threads of a block (the kernel's launch bound) and the most blocks of a launch.
+const THREADS: u32 = 256;
+const MAX_BLOCKS: u64 = 4096;
+
+/// Loads the gather kernel (the loader keeps it: dropping the last handle
+/// unloads the library once its launches have completed).
+pub(crate) fn kernel() -> Result<Kernel> {
+    Ok(Library::load_ptx(GATHER_PTX)?.kernel(ENTRY)?)
+}
+
+/// Where a batch's records are read: device memory, or host memory the
+/// device reads in place (pinned or registered).
+pub(crate) enum Source<'a> {
+    Device(DeviceSlice<'a, u8>),
+    Host(PinnedSlice<'a, u8>),
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Source::Device(s) => s.len(),
+            Source::Host(s) => s.len(),
+        }
+    }
+}
+
+/// Enqueues on `stream` the gather of `n` records of `rec` bytes into `dst`
+/// (packed): record `k` is the `rec` bytes of `src` at `offsets[k]`, where
+/// `host_offsets` is what `offsets` holds (or will hold, once the copy into
+/// it that `stream` runs first has run): it is checked here, so the kernel
+/// touches nothing outside `src`, `offsets` and `dst`.
+pub(crate) fn gather<'a>(
+    stream: &'a Stream,
+    kernel: &Kernel,
+    dst: &'a mut DeviceSliceMut<'_, u8>,
+    src: &'a Source<'_>,
+    offsets: (&'a DeviceBuffer<u64>, &[u64]),
+    rec: u64,
+) -> Result<()> {
+    let (offsets, host_offsets) = offsets;
+    let n = host_offsets.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let bytes = n.checked_mul(rec).ok_or_else(|| Error::invalid("gather", "the batch's size overflows"))?;
+    if dst.len() as u64 != bytes || offsets.len() < host_offsets.len() {
+        return Err(Error::invalid(
+            "gather",
+            format!("a destination of {} bytes for {n} records of {rec} bytes", dst.len()),
+        ));
+    }
+    let limit = src.len() as u64;
+    if let Some(bad) = host_offsets.iter().find(|&&o| o.checked_add(rec).is_none_or(|end| end > limit)) {
+        return Err(Error::invalid(
+            "gather",
+            format!("a record at offset {bad} of {rec} bytes runs past the source's {limit} bytes"),
+        ));
+    }
+    let blocks = n.div_ceil(u64::from(THREADS / 32)).min(MAX_BLOCKS) as u32;
+    let offsets = offsets.slice(..host_offsets.len())?;
+    let args = KernelArgs::new().write(dst);
+    let args = match src {
+        Source::Device(s) => args.read(s),
+        Source::Host(s) => args.read_host(s),
+    };
+    let args = args.read(&offsets).value(n).value(rec);
+    // SAFETY: wirespeed_gather(dst, src, offsets, n, rec) takes these five
+    // 8-byte parameters in this order; it writes the `n * rec` bytes of `dst`
+    // (checked to be its length) and reads `offsets[..n]` and, for each k,
+    // the `rec` bytes of `src` at `offsets[k]` (checked above to lie inside
+    // `src`), and the aligned 16-byte words holding them, which lie in the
+    // same pages, hence in the same allocation or registration.
+    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks, THREADS), args) }?.detach();
+    Ok(())
+}

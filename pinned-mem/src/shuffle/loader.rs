@@ -1,0 +1,529 @@
+//! [`Loader`]: shuffled batches of records from files of any size, gathered
+//! on the GPU into device memory the caller owns.
+
+use std::sync::Arc;
+
+use wirespeed_cuda::{
+    Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, Kernel, PinnedBuffer, RegistrationContext, Stream,
+};
+
+use super::config::{LoaderConfig, Way};
+use super::gather::{self, Source};
+use super::order::Sharding;
+use super::plan::{Drawn, FullOrder, Piece, PoolOrder, PoolShape};
+use super::pool::{PAD, Pool};
+use super::records::Records;
+use super::ring::RingGather;
+use crate::error::{Error, Result};
+use crate::range::{PinOptions, PinnedRange};
+use crate::strategy::Strategy;
+use crate::streamer::{StreamConfig, Streamer};
+
+/// Batches in flight at once: the offsets of a batch are staged in one of
+/// this many pinned and device buffers, reused once their copy and gather
+/// have run.
+const STAGES: usize = 4;
+
+/// Where a loader is in its epochs: what [`Loader::state`] saves and
+/// [`Loader::load_state`] resumes from (as PyTorch's `state_dict`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct LoaderState {
+    /// The epoch.
+    pub epoch: u64,
+    /// The next batch of the epoch to hand out.
+    pub batch: u64,
+}
+
+/// A batch handed out by [`Loader::next_into`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchInfo {
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its index in the epoch (of this rank).
+    pub index: u64,
+    /// Its records (the batch size, or fewer for the last batch of an epoch).
+    pub records: u64,
+}
+
+enum Store {
+    Resident(Vec<DeviceBuffer<u8>>),
+    Registered(Vec<PinnedRange>),
+    Pool(Pool),
+    Ring(RingGather),
+}
+
+enum Order {
+    Full(FullOrder),
+    Pool(PoolOrder),
+}
+
+struct Stage {
+    host: Vec<PinnedBuffer<u64>>,
+    device: Vec<DeviceBuffer<u64>>,
+}
+
+/// Shuffled batches of records, shaped like PyTorch's `DataLoader` with a
+/// `DistributedSampler`: every epoch (see [`Loader::set_epoch`]) hands each
+/// record out once over all ranks, in an order fixed by the seed and the
+/// epoch, cut into batches of this rank's share; [`Loader::state`] and
+/// [`Loader::load_state`] resume mid-epoch with exactly the batches an
+/// uninterrupted run would have handed out.
+///
+/// Several arrays of the same number of records (features and labels, say)
+/// are gathered with the same records into one destination each.
+///
+/// Each batch is gathered by a kernel into device memory the caller owns
+/// ([`Loader::next_into`]), on the loader's stream, without a host wait:
+/// work the caller enqueues through `wirespeed-cuda` on that memory is
+/// ordered after it by the memory's fence, and other streams are ordered
+/// with [`Loader::ready_on`]. Where the records are gathered from is the
+/// [`Way`]: a copy of the arrays in device memory, the arrays registered in
+/// place, a pool of blocks in device memory (for files larger than device
+/// memory), or the pinned ring.
+///
+/// With [`Way::Pool`], the order is quasi-random: the file's blocks (of
+/// [`LoaderConfig::block_bytes`]) come in a random order each epoch, each
+/// rank takes a contiguous share of them, and the share's blocks are taken a
+/// group at a time (as many as half the pool holds); each group's records
+/// are handed out in a random order of their own, while the next group
+/// streams into the other half. A batch then draws from about as many blocks
+/// as a group holds, and never mixes records more than two groups apart.
+///
+/// ```
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+/// use wirespeed_cuda::{Device, DeviceBuffer};
+/// use wirespeed_pinned::{Loader, LoaderConfig, MappedFile, Records};
+/// let path = std::env::temp_dir().join(format!("loader-doc-{}.bin", std::process::id()));
+/// std::fs::write(&path, (0..100u32).flat_map(|i| [i as u8; 3]).collect::<Vec<u8>>())?; // 100 records of 3 bytes
+/// // SAFETY: nobody writes or truncates the file while it is mapped.
+/// let file = unsafe { MappedFile::open(&path) }?;
+/// let dev = Device::get(0)?;
+/// let mut loader = Loader::new(&dev, &[Records::new(&file, 0, 3)?], LoaderConfig::new(32).seed(1))?;
+/// assert_eq!(loader.len(), 4); // 32 + 32 + 32 + 4
+/// let mut batch = DeviceBuffer::<u8>::new(&dev, 32 * 3)?;
+/// let mut seen = Vec::new();
+/// while let Some(b) = loader.next_into(&mut [batch.slice_mut(..)?])? {
+///     let bytes = batch.to_vec()?; // waits for the gather
+///     seen.extend(bytes[..b.records as usize * 3].chunks(3).map(|r| r[0]));
+/// }
+/// seen.sort();
+/// assert_eq!(seen, (0..100u8).collect::<Vec<_>>()); // every record once
+/// # std::fs::remove_file(&path)?; Ok(()) }
+/// ```
+pub struct Loader {
+    // Dropped first: the pool's buffers wait for the streamer's transfers into them.
+    store: Store,
+    stages: Vec<Stage>,
+    streamer: Streamer,
+    stream: Stream,
+    kernel: Option<Kernel>,
+    device: Device,
+    arrays: Vec<Records>,
+    config: LoaderConfig,
+    way: Way,
+    cut: Sharding,
+    order: Order,
+    state: LoaderState,
+    /// An error ended the epoch midway: the next batch restarts its order.
+    broken: bool,
+    turn: usize,
+    records: Vec<u64>,
+    drawn: Vec<Drawn>,
+    pieces: Vec<Piece>,
+    offsets: Vec<u64>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader").field("way", &self.way).field("state", &self.state).field("cut", &self.cut).finish()
+    }
+}
+
+impl Loader {
+    /// A loader of `arrays` (one or more, of the same record count) on `device`.
+    ///
+    /// It resolves [`Way::Auto`], makes its stream and streamer, and makes
+    /// the arrays' store: with [`Way::Resident`] it streams the arrays to the
+    /// device now; with [`Way::Registered`] it registers them now.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no arrays, arrays of different record
+    /// counts, a batch size of 0, `rank >= world`, a budget too small for the
+    /// way asked for (or for one block of the pool); CUDA's errors (loading
+    /// the gather kernel, allocating, registering); the streamer's. Nothing
+    /// stays allocated or pinned after an error.
+    pub fn new(device: &Device, arrays: &[Records], config: LoaderConfig) -> Result<Loader> {
+        let first = arrays.first().ok_or_else(|| Error::invalid("Loader::new", "no arrays"))?;
+        if let Some(a) = arrays.iter().find(|a| a.count() != first.count()) {
+            return Err(Error::invalid(
+                "Loader::new",
+                format!(
+                    "arrays of different lengths: {} has {} records, {} has {}",
+                    first.file().path().display(),
+                    first.count(),
+                    a.file().path().display(),
+                    a.count()
+                ),
+            ));
+        }
+        let cut = Sharding::new(first.count(), config.batch_size, config.rank, config.world, config.drop_last)?;
+        let device_budget = match config.device_budget {
+            Some(b) => b,
+            None => device.mem_info()?.0 as u64 / 2,
+        };
+        let way = resolve(&config, arrays, device_budget);
+        let streamer = Streamer::new(&[*device], StreamConfig::new(Strategy::Auto, config.pin_budget.clone()))?;
+        let stream = Stream::new(device)?;
+        let kernel = if way == Way::Ring { None } else { Some(gather::kernel()?) };
+        let store = make_store(way, device, arrays, &config, device_budget, &streamer)?;
+        let order = make_order(&store, cut, &config, 0)?;
+        let mut stages = Vec::with_capacity(STAGES);
+        if way != Way::Ring {
+            for _ in 0..STAGES {
+                let mut st = Stage { host: Vec::new(), device: Vec::new() };
+                for _ in arrays {
+                    st.host.push(PinnedBuffer::new(config.batch_size as usize)?);
+                    st.device.push(DeviceBuffer::new(device, config.batch_size as usize)?);
+                }
+                stages.push(st);
+            }
+        }
+        Ok(Loader {
+            store,
+            stages,
+            streamer,
+            stream,
+            kernel,
+            device: *device,
+            arrays: arrays.to_vec(),
+            config,
+            way,
+            cut,
+            order,
+            state: LoaderState::default(),
+            broken: false,
+            turn: 0,
+            records: Vec::new(),
+            drawn: Vec::new(),
+            pieces: Vec::new(),
+            offsets: Vec::new(),
+        })
+    }
+
+    /// Batches of one epoch (of this rank).
+    pub fn len(&self) -> u64 {
+        self.cut.batches()
+    }
+
+    /// True when an epoch has no batch (`drop_last` with fewer records than a batch).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the records are gathered from (never [`Way::Auto`]).
+    pub fn way(&self) -> Way {
+        self.way
+    }
+
+    /// The cut of each epoch between ranks and into batches.
+    pub fn sharding(&self) -> Sharding {
+        self.cut
+    }
+
+    /// The stream the batches are gathered on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The streamer that feeds the arrays to the device (its budget, its reports).
+    pub fn streamer(&self) -> &Streamer {
+        &self.streamer
+    }
+
+    /// Starts epoch `epoch` from its first batch (as `DistributedSampler.set_epoch`).
+    ///
+    /// # Errors
+    /// A transfer of the pool's last epoch that failed.
+    pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.load_state(LoaderState { epoch, batch: 0 })
+    }
+
+    /// Where the loader is: the epoch and the next batch.
+    pub fn state(&self) -> LoaderState {
+        self.state
+    }
+
+    /// Resumes at `state` (from [`Loader::state`], of a loader of the same
+    /// arrays and configuration): the batches that follow are exactly those an
+    /// uninterrupted run would have handed out from there.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the batch is past the epoch's end; a
+    /// transfer of the pool's that failed.
+    pub fn load_state(&mut self, state: LoaderState) -> Result<()> {
+        if state.batch > self.len() {
+            return Err(Error::invalid(
+                "Loader::load_state",
+                format!("batch {} of an epoch of {} batches", state.batch, self.len()),
+            ));
+        }
+        if let Store::Pool(p) = &mut self.store {
+            p.reset()?;
+        }
+        self.order = make_order(&self.store, self.cut, &self.config, state.epoch)?;
+        self.state = state;
+        self.broken = false;
+        Ok(())
+    }
+
+    /// The records of the file (their indices) of batch `b` of the current epoch.
+    pub fn batch_records(&mut self, b: u64) -> Vec<u64> {
+        self.fill_records(b);
+        self.records.clone()
+    }
+
+    fn fill_records(&mut self, b: u64) {
+        match &self.order {
+            Order::Full(o) => o.batch(b, &mut self.records),
+            Order::Pool(o) => {
+                o.batch(b, &mut self.pieces, &mut self.drawn);
+                self.records.clear();
+                self.records.extend(self.drawn.iter().map(|d| d.record));
+            }
+        }
+    }
+
+    /// Gathers the next batch into `dsts` (one per array, each at least the
+    /// batch's records times the array's record size; the batch fills its
+    /// start) and returns what it holds, or `None` at the end of the epoch
+    /// (call [`Loader::set_epoch`] for the next one).
+    ///
+    /// The gather is enqueued on [`Loader::stream`]; the call waits on the
+    /// host only for what the gather needs: the pool's transfers of the
+    /// blocks it reads, and a staging buffer of batch `n - 4`'s offsets.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for the wrong number of destinations, one
+    /// too small or on another device; CUDA's errors; the pool's transfers'
+    /// errors. After an error the epoch restarts its order at the next call
+    /// (the batch that failed is handed out again).
+    pub fn next_into(&mut self, dsts: &mut [DeviceSliceMut<'_, u8>]) -> Result<Option<BatchInfo>> {
+        if dsts.len() != self.arrays.len() {
+            return Err(Error::invalid(
+                "Loader::next_into",
+                format!("{} destinations for {} arrays", dsts.len(), self.arrays.len()),
+            ));
+        }
+        let b = self.state.batch;
+        if b >= self.len() {
+            return Ok(None);
+        }
+        let n = self.cut.batch(b).end - self.cut.batch(b).start;
+        for (d, a) in dsts.iter().zip(&self.arrays) {
+            if (d.len() as u64) < n * a.record_bytes() || d.device() != self.device {
+                return Err(Error::invalid(
+                    "Loader::next_into",
+                    format!(
+                        "a destination of {} bytes on device {} for {n} records of {} bytes on device {}",
+                        d.len(),
+                        d.device().ordinal(),
+                        a.record_bytes(),
+                        self.device.ordinal()
+                    ),
+                ));
+            }
+        }
+        if self.broken {
+            self.load_state(self.state)?;
+        }
+        match self.gather_batch(b, n, dsts) {
+            Ok(()) => {
+                self.state.batch += 1;
+                Ok(Some(BatchInfo { epoch: self.state.epoch, index: b, records: n }))
+            }
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn gather_batch(&mut self, b: u64, n: u64, dsts: &mut [DeviceSliceMut<'_, u8>]) -> Result<()> {
+        if let (Store::Pool(pool), Order::Pool(order)) = (&mut self.store, &self.order) {
+            pool.ensure(&self.streamer, &self.arrays, order, order.batch_groups(b))?;
+        }
+        self.fill_records(b);
+        if let Store::Ring(ring) = &self.store {
+            return ring.gather(&self.arrays, &self.records, dsts);
+        }
+        let kernel = self.kernel.as_ref().ok_or_else(|| Error::invalid("Loader", "no gather kernel"))?;
+        let stage = &mut self.stages[self.turn];
+        self.turn = (self.turn + 1) % STAGES;
+        for (i, (a, dst)) in self.arrays.iter().zip(dsts.iter_mut()).enumerate() {
+            let rec = a.record_bytes();
+            let src = match &self.store {
+                Store::Resident(bufs) => {
+                    offsets_of_records(&self.records, rec, &mut self.offsets);
+                    Source::Device(bufs[i].slice(..bufs[i].len() - PAD)?)
+                }
+                Store::Registered(ranges) => {
+                    offsets_of_records(&self.records, rec, &mut self.offsets);
+                    Source::Host(ranges[i].source())
+                }
+                Store::Pool(pool) => {
+                    pool.offsets(rec, &self.drawn, &mut self.offsets);
+                    Source::Device(pool.source(i)?)
+                }
+                Store::Ring(_) => unreachable!("handled above"),
+            };
+            let k = n as usize;
+            stage.host[i].as_mut_slice()?[..k].copy_from_slice(&self.offsets);
+            self.stream.copy_to_device(&stage.host[i].slice(..k)?, &mut stage.device[i].slice_mut(..k)?)?.detach();
+            let mut dst = dst.slice_mut(..(n * rec) as usize)?;
+            gather::gather(&self.stream, kernel, &mut dst, &src, (&stage.device[i], &self.offsets), rec)?;
+        }
+        Ok(())
+    }
+
+    /// Makes work enqueued on `stream` from now on wait, on the device, for
+    /// the batches gathered so far.
+    ///
+    /// # Errors
+    /// CUDA's errors recording or waiting for an event.
+    pub fn ready_on(&self, stream: &Stream) -> Result<()> {
+        let ev = Event::new(&self.device, EventOptions::default())?;
+        self.stream.record(&ev)?;
+        stream.wait_event(&ev)?;
+        Ok(())
+    }
+
+    /// Makes the next gathers wait, on the device, for the work enqueued on
+    /// `stream` so far (the stream that allocated or last read memory given
+    /// to [`Loader::next_into`] through raw pointers, say).
+    ///
+    /// # Errors
+    /// CUDA's errors recording or waiting for an event.
+    pub fn after(&self, stream: &Stream) -> Result<()> {
+        let ev = Event::new(&stream.device(), EventOptions::default())?;
+        stream.record(&ev)?;
+        self.stream.wait_event(&ev)?;
+        Ok(())
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        if let Store::Pool(p) = &mut self.store {
+            let _ = p.drain(); // the buffers' fences keep it sound either way
+        }
+    }
+}
+
+fn offsets_of_records(records: &[u64], rec: u64, out: &mut Vec<u64>) {
+    out.clear();
+    out.extend(records.iter().map(|&r| r * rec));
+}
+
+/// The bytes of the arrays' records, all of them.
+fn total_bytes(arrays: &[Records]) -> u64 {
+    arrays.iter().map(|a| a.count().saturating_mul(a.record_bytes())).fold(0u64, u64::saturating_add)
+}
+
+fn resolve(config: &LoaderConfig, arrays: &[Records], device_budget: u64) -> Way {
+    if !matches!(config.way, Way::Auto | Way::Full) {
+        return config.way;
+    }
+    let total = total_bytes(arrays);
+    let pad = (PAD as u64) * arrays.len() as u64;
+    if total.saturating_add(pad) <= device_budget {
+        Way::Resident
+    } else if total <= config.pin_budget.available() {
+        Way::Registered
+    } else if config.way == Way::Full {
+        Way::Ring
+    } else {
+        Way::Pool
+    }
+}
+
+fn make_store(
+    way: Way,
+    device: &Device,
+    arrays: &[Records],
+    config: &LoaderConfig,
+    device_budget: u64,
+    streamer: &Streamer,
+) -> Result<Store> {
+    match way {
+        Way::Resident => resident(device, arrays, device_budget, streamer).map(Store::Resident),
+        Way::Registered => registered(device, arrays, config).map(Store::Registered),
+        Way::Pool => Pool::new(device, arrays, pool_shape(arrays, config, device_budget)?).map(Store::Pool),
+        Way::Ring => RingGather::new(device, arrays, config).map(Store::Ring),
+        Way::Auto | Way::Full => Err(Error::invalid("Loader", "the way is resolved before the store is made")),
+    }
+}
+
+fn resident(device: &Device, arrays: &[Records], budget: u64, streamer: &Streamer) -> Result<Vec<DeviceBuffer<u8>>> {
+    let total = total_bytes(arrays);
+    if total.saturating_add((PAD * arrays.len()) as u64) > budget {
+        return Err(Error::invalid(
+            "Loader (resident)",
+            format!("the arrays hold {total} bytes, more than the device budget of {budget}: use Way::Pool"),
+        ));
+    }
+    let mut bufs = Vec::with_capacity(arrays.len());
+    for a in arrays {
+        let len = usize::try_from(a.count() * a.record_bytes())
+            .map_err(|_| Error::invalid("Loader (resident)", "an array larger than the address space"))?;
+        let mut buf = DeviceBuffer::<u8>::new(device, len + PAD)?;
+        streamer.to_device(a.file(), a.span(0..a.count()), buf.slice_mut(..len)?)?;
+        bufs.push(buf);
+    }
+    Ok(bufs)
+}
+
+fn registered(device: &Device, arrays: &[Records], config: &LoaderConfig) -> Result<Vec<PinnedRange>> {
+    let ctx = RegistrationContext::new(device).ok().map(Arc::new);
+    let opts = PinOptions { mlock: false, portable: true };
+    let mut ranges = Vec::with_capacity(arrays.len());
+    for a in arrays {
+        let span = a.span(0..a.count());
+        let r = match &ctx {
+            Some(ctx) => PinnedRange::new_in(ctx, a.file(), span, opts, &config.pin_budget)?,
+            None => PinnedRange::new_on(device, a.file(), span, opts, &config.pin_budget)?,
+        };
+        ranges.push(r);
+    }
+    Ok(ranges)
+}
+
+fn pool_shape(arrays: &[Records], config: &LoaderConfig, device_budget: u64) -> Result<PoolShape> {
+    let widest = arrays.iter().map(Records::record_bytes).max().unwrap_or(1);
+    let per_record: u64 = arrays.iter().map(Records::record_bytes).sum();
+    let block_records = (config.block_bytes / widest).clamp(1, arrays[0].count());
+    let slot = block_records.saturating_mul(per_record);
+    let slots = device_budget.saturating_sub((PAD * arrays.len()) as u64) / slot.saturating_mul(2).max(1);
+    if slots == 0 {
+        return Err(Error::invalid(
+            "Loader (pool)",
+            format!(
+                "a device budget of {device_budget} bytes holds no two blocks of {slot} bytes: give the pool \
+                 more device memory or make blocks smaller"
+            ),
+        ));
+    }
+    Ok(PoolShape { block_records, slots })
+}
+
+fn make_order(store: &Store, cut: Sharding, config: &LoaderConfig, epoch: u64) -> Result<Order> {
+    Ok(match store {
+        Store::Pool(p) => Order::Pool(PoolOrder::new(cut, p.shape, config.seed, epoch, config.shuffle)?),
+        _ => Order::Full(FullOrder::new(cut, config.seed, epoch, config.shuffle)),
+    })
+}
