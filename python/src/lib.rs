@@ -21,6 +21,8 @@
 //! * [`device_array`]: `_DeviceArray`, device memory owned by the library, or
 //!   a view of part of it, exposing `__cuda_array_interface__` (for callers
 //!   without torch, `batches`' spans, and the tests);
+//! * [`loader`]: `_Loader`, shuffled batches of records gathered on the GPU
+//!   (`wirespeed.Loader`);
 //! * [`report`]: `Report`, a transfer's report, settled when first read;
 //! * [`held`]: `pinned_bytes`, what the package holds pinned now, and
 //!   `release`;
@@ -42,6 +44,7 @@ mod error;
 mod handles;
 mod held;
 mod inflight;
+mod loader;
 mod read_file;
 mod read_host;
 mod registration;
@@ -58,6 +61,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<report::PyReport>()?;
     m.add_class::<registration::Registration>()?;
     m.add_class::<device_array::DeviceArray>()?;
+    m.add_class::<loader::PyLoader>()?;
     m.add_function(wrap_pyfunction!(runtime::_configure_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::runtime_path, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::_use_emulator, m)?)?;

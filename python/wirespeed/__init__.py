@@ -9,6 +9,9 @@ both), never through a fresh ``pin_memory()`` copy per batch.
 * :func:`batches` - an iterator of CUDA tensors over a file, streamed in
   long transfers of many batches (spans), the next ones streaming while you
   compute.
+* :class:`Loader` - shuffled batches of ``np.memmap`` arrays (or ``.npy`` files)
+  as CUDA tensors, gathered on the GPU, with ``set_epoch``, ``state_dict``
+  and the ranks of ``torch.distributed``.
 * :func:`pinned` - ``with wirespeed.pinned(array):`` registers host memory in
   place, so ``t[i].cuda(non_blocking=True)`` copies from it with no staging.
 
@@ -37,6 +40,7 @@ __all__ = [
     "read_into",
     "batches",
     "Batches",
+    "Loader",
     "pinned",
     "pinned_bytes",
     "release",
@@ -633,3 +637,6 @@ class pinned:
     def registered(self) -> bool:
         """True inside the block."""
         return self._reg is not None and self._reg.registered
+
+
+from .loader import DEFAULT_BLOCK, DEFAULT_LOADER_BUDGET, Loader  # noqa: E402
