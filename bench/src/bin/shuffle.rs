@@ -61,6 +61,9 @@ struct Args {
     /// Skip PyTorch's DataLoader rows
     #[arg(long)]
     no_torch: bool,
+    /// Skip the Python package's rows (wirespeed.Loader from Python, where it is importable)
+    #[arg(long)]
+    no_python: bool,
     /// Seconds each DataLoader row runs
     #[arg(long, default_value_t = 15.0)]
     torch_seconds: f64,
@@ -184,7 +187,12 @@ fn run(a: &Args, dev: Device) -> Res<bool> {
             }
         }
     }
-    let torch = if a.no_torch || a.emulated { Vec::new() } else { torch_rows(a, &path, line) };
+    let mut torch = if a.no_torch || a.emulated { Vec::new() } else { torch_rows(a, &path, line) };
+    if !a.no_python && !a.emulated {
+        for r in &rows {
+            torch.extend(python_row(a, &path, line, r));
+        }
+    }
     print_table(&rows, &torch, line);
     if let Some(j) = &a.json {
         let v = serde_json::json!({ "line_rate_gbps": line, "rows": rows, "torch": torch });
@@ -362,31 +370,59 @@ fn mean_gap(seen: &[u64], n: u64) -> f64 {
     sum / seen.len().saturating_sub(1).max(1) as f64 / n as f64
 }
 
-/// PyTorch's DataLoader on the same file (bench/torch_shuffle.py), if torch is importable.
-fn torch_rows(a: &Args, path: &Path, line: f64) -> Vec<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("torch_shuffle.py");
-    let script = if script.exists() { script } else { PathBuf::from("bench/torch_shuffle.py") };
-    eprintln!("PyTorch DataLoader rows ({} s each) ...", a.torch_seconds);
-    let out = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-        .arg(&script)
-        .arg(path)
-        .args(["--record", &a.record.to_string(), "--batch", &a.batch.to_string()])
-        .args(["--seconds", &a.torch_seconds.to_string(), "--line", &line.to_string()])
-        .output();
+/// `wirespeed.Loader` from Python on the same file and way as `row` (bench/python_loader.py).
+fn python_row(a: &Args, path: &Path, line: f64, row: &Row) -> Option<serde_json::Value> {
+    let (way, budget, dev) = match row.name.as_str() {
+        "shuffle-pool" => ("pool", a.budget, a.pool),
+        "shuffle-full-resident" => ("full", a.budget, 0),
+        _ => return None,
+    };
+    eprintln!("wirespeed.Loader from Python ({way}) ...");
+    let mut cmd = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
+    cmd.arg(script("python_loader.py")).arg(path).args(["--way", way, "--record", &a.record.to_string()]);
+    cmd.args(["--batch", &a.batch.to_string(), "--budget", &budget.to_string(), "--block", &a.block.to_string()]);
+    cmd.args(["--reps", &a.reps.to_string(), "--line", &line.to_string()]);
+    if dev > 0 {
+        cmd.args(["--device-budget", &dev.to_string()]);
+    }
+    json_lines(cmd.output(), "Python rows").into_iter().next().map(|mut v| {
+        v["of_rust"] = serde_json::json!(v["gbps"].as_f64().unwrap_or(0.0) / row.gbps);
+        v
+    })
+}
+
+fn script(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+    if p.exists() { p } else { Path::new("bench").join(name) }
+}
+
+fn json_lines(out: std::io::Result<std::process::Output>, what: &str) -> Vec<serde_json::Value> {
     match out {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .collect(),
         Ok(o) => {
-            eprintln!("PyTorch rows skipped: {}", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or(""));
+            eprintln!("{what} skipped: {}", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or(""));
             Vec::new()
         }
         Err(e) => {
-            eprintln!("PyTorch rows skipped: {e}");
+            eprintln!("{what} skipped: {e}");
             Vec::new()
         }
     }
+}
+
+/// PyTorch's DataLoader on the same file (bench/torch_shuffle.py), if torch is importable.
+fn torch_rows(a: &Args, path: &Path, line: f64) -> Vec<serde_json::Value> {
+    eprintln!("PyTorch DataLoader rows ({} s each) ...", a.torch_seconds);
+    let out = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        .arg(script("torch_shuffle.py"))
+        .arg(path)
+        .args(["--record", &a.record.to_string(), "--batch", &a.batch.to_string()])
+        .args(["--seconds", &a.torch_seconds.to_string(), "--line", &line.to_string()])
+        .output();
+    json_lines(out, "PyTorch rows")
 }
 
 fn print_table(rows: &[Row], torch: &[serde_json::Value], line: f64) {
@@ -415,15 +451,19 @@ fn print_table(rows: &[Row], torch: &[serde_json::Value], line: f64) {
     for t in torch {
         let g = t["gbps"].as_f64().unwrap_or(0.0);
         println!(
-            "| {} | PyTorch DataLoader | {g:.2} | {:.3} | {:.3} | {:.3} | - | - | - | - | {} batches |",
+            "| {} | Python | {g:.2} | {:.3} | {:.3} | {:.3} | - | - | - | - | {} |",
             t["name"].as_str().unwrap_or("?"),
             g / line,
             t["mrec_per_s"].as_f64().unwrap_or(0.0),
             t["cpu_s_per_gb"].as_f64().unwrap_or(0.0),
-            t["batches"].as_u64().unwrap_or(0)
+            match t["of_rust"].as_f64() {
+                Some(r) => format!("{r:.2} of the Rust row's rate"),
+                None => format!("{} batches", t["batches"].as_u64().unwrap_or(0)),
+            }
         );
     }
-    let best_torch = torch.iter().filter_map(|t| t["mrec_per_s"].as_f64()).fold(0.0, f64::max);
+    let dataloader = torch.iter().filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("dataloader")));
+    let best_torch = dataloader.filter_map(|t| t["mrec_per_s"].as_f64()).fold(0.0, f64::max);
     if best_torch > 0.0 {
         for r in rows {
             println!("{}: {:.1}x the best DataLoader row's records/s", r.name, r.mrec_per_s / best_torch);
