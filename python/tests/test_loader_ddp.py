@@ -42,7 +42,13 @@ def test_two_ranks_under_torchrun_are_disjoint_and_cover_the_epoch(tmp_path):
     child = tmp_path / "child.py"
     child.write_text(CHILD)
     out = tmp_path / "out"
-    env = dict(os.environ, WIRESPEED_EMULATED="1", OMP_NUM_THREADS="1")
+    # On the emulated runtime (the suite's) torch must not see a GPU; with
+    # WIRESPEED_DDP_REAL=1 (a real GPU, the package built without the
+    # emulator, pytest --noconftest) both ranks share the one GPU.
+    real = os.environ.get("WIRESPEED_DDP_REAL") == "1"
+    env = dict(os.environ, WIRESPEED_EMULATED="0" if real else "1", OMP_NUM_THREADS="1")
+    if not real:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
          str(child), str(path), str(n), str(out)],
