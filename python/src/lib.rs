@@ -13,7 +13,8 @@
 //!   transfer and the Python object that owns the destination until the
 //!   transfer has ended, so that nothing frees the destination under a DMA,
 //!   whatever the caller drops or interrupts; [`streamers`] keeps the
-//!   streamers and mapped files for later calls;
+//!   streamers and mapped files for later calls, and makes a streamer's
+//!   ring and registration context ready before a first pass (`_prepare`);
 //! * [`mod@read_host`]: host memory (any buffer) into device memory, through
 //!   pinned bounce buffers;
 //! * [`registration`]: `_Registration`, a host buffer registered in place
@@ -63,6 +64,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runtime::_use_emulator, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::device_count, m)?)?;
     m.add_function(wrap_pyfunction!(read_file::read_file, m)?)?;
+    m.add_function(wrap_pyfunction!(streamers::_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(read_host::read_host, m)?)?;
     m.add_function(wrap_pyfunction!(held::release, m)?)?;
     m.add_function(wrap_pyfunction!(inflight::drain, m)?)?;

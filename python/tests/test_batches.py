@@ -69,6 +69,64 @@ def test_spans_are_few_transfers_of_whole_batches(big_file, emulator):
     assert next(it, None) is None  # ended, and stays so
 
 
+# What a streamer sets up once and keeps: registration contexts, pinned
+# memory (its ring), streams, and registrations it keeps (a file registered
+# whole). Events are left out: the ring's slots make theirs as they are
+# first used, and a pass makes a number of its own that depends on how its
+# spans chained.
+SETUP = ["cuCtxCreate_v2", "cudaHostAlloc", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority"]
+KEPT_REGISTRATIONS = ["cudaHostRegister", "cuMemHostRegister_v2"]
+
+
+@pytest.mark.parametrize(
+    "strategy, budget, what",
+    [
+        ("auto", 2 * MIB, "ring"),  # the range larger than the budget: a pinned ring
+        ("auto", 64 * MIB, "whole-file"),  # the file fits: registered whole, kept
+        ("hybrid", wirespeed.DEFAULT_BUDGET, "hybrid"),  # a ring and a registration context
+    ],
+)
+def test_first_pass_does_no_setup_later_passes_skip(big_file, emulator, strategy, budget, what):
+    """Making the iterator sets up what its first pass would (by the
+    emulator's call counts, not by time): the passes that follow, the first
+    included, make no context, pinned allocation, stream or kept
+    registration, and the first pass calls the runtime for them exactly as
+    the second does."""
+    path, data = big_file
+    watched = SETUP + (KEPT_REGISTRATIONS if what == "whole-file" else [])
+
+    def calls():
+        return counters_of(watched)
+
+    def one_pass():
+        before = calls()
+        it = wirespeed.batches(path, MIB, span=4 * MIB, budget=budget, strategy=strategy)
+        made = calls()  # the iterator is made; no batch asked for yet
+        live = counters()
+        assert b"".join(raw(b) for b in it) == data  # (to_bytes would allocate)
+        assert {r.strategy.split()[0] for r in it.reports} == {what}
+        return diff(made, before), diff(calls(), made), live
+
+    wirespeed.release()
+    setup, first, live = one_pass()
+    _, second, _ = one_pass()
+    assert first == second == {f: 0 for f in watched}, (setup, first, second)
+    if what in ("ring", "hybrid"):
+        assert setup["cudaHostAlloc"] > 0 and live["pinned_allocs"] > 0  # the ring, before the first batch
+    if what in ("whole-file", "hybrid"):
+        assert live["contexts"] >= 1  # the registration context, before the first batch
+    if what == "whole-file":
+        assert live["registrations"] == 1  # the file, registered before the first batch
+
+
+def counters_of(functions):
+    return wirespeed._native._emulator_counters(functions)["calls"]
+
+
+def diff(after, before):
+    return {f: after[f] - before[f] for f in after}
+
+
 def test_span_planning():
     plan = wirespeed._plan_spans
     assert plan(0, 10, 100) == []
@@ -138,12 +196,14 @@ def test_error_mid_iteration_raises_and_ends(big_file, emulator):
 
 def test_error_in_a_later_span_is_not_handed_back(big_file, emulator):
     path, data = big_file
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=8, strategy="whole-file")
     # The third copy from now fails: the third span's, started while the
-    # first span's batches are yielded (depth 8: two spans ahead).
+    # first span's batches are yielded (depth 8: two spans ahead). (Making
+    # the iterator registered the file, by a copy of its own.)
     emulator._emulator_inject_fault("cudaMemcpyAsync", 3, 999)
     seen = 0
     with pytest.raises(wirespeed.Error):
-        for b in wirespeed.batches(path, MIB, span=4 * MIB, depth=8, strategy="whole-file"):
+        for b in it:
             assert raw(b) == data[seen : seen + b.nbytes]
             seen += b.nbytes
     assert seen == 8 * MIB  # two spans, then the error instead of the third

@@ -418,6 +418,7 @@ class Batches:
         page = mmap.PAGESIZE
         if strategy == "auto" and self._spans and -(-total // page) * page + page > budget:
             self._budget = max(1, min(budget, min(n for _, n, _ in self._spans) - 1))
+        self._prepare()
         fewest = min((k for _, _, k in self._spans), default=1)
         self._ahead = 0 if depth == 0 else -(-depth // fewest)
         self._pending: collections.deque = collections.deque()
@@ -481,6 +482,24 @@ class Batches:
         return out
 
     # ------------------------------------------------------------- inside
+
+    def _prepare(self) -> None:
+        """Makes ready now what the first pass would make: the streamer, its
+        pinned ring and registration context for the spans' plan, and, where
+        the spans run from the whole file registered (it fits the budget),
+        that registration, by a read of one page. So the first pass runs as
+        later ones do."""
+        if not self._spans:
+            return
+        span = max(n for _, n, _ in self._spans)
+        whole = _native._prepare(self._path, span, self._device, self._budget, self._strategy)
+        if whole:
+            n = min(mmap.PAGESIZE, self._total)
+            page = _DeviceArray(n, self._device)
+            _native.read_file(
+                self._path, self._start, n, page.ptr, n, self._device, None,
+                self._budget, self._strategy, page, True, False,
+            )
 
     def _next_span(self) -> None:
         """Starts the spans up to ``ahead`` beyond the next one, then waits
@@ -581,6 +600,12 @@ def batches(
     enqueue on any stream afterwards sees the data. Breaking out of the loop
     lets go of the spans not yielded; those still streaming end in the
     background (:func:`release` waits for them and frees the pinned memory).
+
+    The iterator pays its setup when it is made, not in the first pass: the
+    streamer (kept per device, budget and strategy, as :func:`read_into`
+    keeps it), its pinned ring and registration context for the spans' plan,
+    and, where the spans run from the whole file registered (it fits the
+    budget), that registration. A first pass then runs as later ones do.
 
     Returns a :class:`Batches` iterator (also a context manager), whose
     ``reports`` hold each span's :class:`Report`.
