@@ -16,7 +16,8 @@
 //!   streamers and mapped files for later calls, and makes a streamer's
 //!   ring and registration context ready before a first pass (`_prepare`);
 //! * [`mod@read_host`]: host memory (any buffer) into device memory, through
-//!   pinned bounce buffers;
+//!   [`host_ring`], a pinned ring per device filled by a pool of threads, or
+//!   registered in place;
 //! * [`registration`]: `_Registration`, a host buffer registered in place
 //!   (`cudaHostRegister`);
 //! * [`device_array`]: `_DeviceArray`, device memory owned by the library, or
@@ -42,6 +43,7 @@ mod emulator;
 mod error;
 mod handles;
 mod held;
+mod host_ring;
 mod inflight;
 mod read_file;
 mod read_host;

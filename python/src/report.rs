@@ -29,7 +29,7 @@ enum ReportState {
 }
 
 /// What a finished transfer reports to Python: the library's [`Report`], or
-/// the host-array path's own figures.
+/// the host-array paths' own figures.
 #[derive(Clone)]
 pub(crate) struct Summary {
     pub(crate) strategy: String,
@@ -93,16 +93,7 @@ impl PyReport {
         // Interruptibly: on KeyboardInterrupt the transfer goes on, its
         // destination kept alive (in `INFLIGHT`) until it has ended.
         loop {
-            let ordered = py.detach(|| {
-                let g = lock(shared);
-                match &g.transfer {
-                    Some(t) => t.then_on_timeout(&then, SLICE),
-                    None => match &g.result {
-                        Some(Err(e)) => Err(wirespeed_pinned::Error::TransferFailed { message: e.clone() }),
-                        _ => Ok(true),
-                    },
-                }
-            });
+            let ordered = py.detach(|| lock(shared).then_on(&then, SLICE));
             if ordered.map_err(err)? {
                 return Ok(());
             }
@@ -117,7 +108,7 @@ impl PyReport {
             ReportState::Pending(t) => {
                 inflight::wait(py, t)?;
                 match &lock(t).result {
-                    Some(Ok(r)) => Ok(Summary::from(r)),
+                    Some(Ok(r)) => Ok(r.clone()),
                     Some(Err(e)) => Err(err(e)),
                     None => Err(err("the transfer's result is gone")),
                 }
@@ -194,7 +185,7 @@ impl PyReport {
     /// ring and making the registration context: a streamer's first transfer);
     /// and `reserve_threads`, the ring threads auto kept in reserve that
     /// joined (the copy engine had room);
-    /// empty for a host array copied through bounce buffers (waits for it).
+    /// empty for a host array (waits for it).
     #[getter]
     fn breakdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);

@@ -105,6 +105,28 @@ def test_ctrl_c_during_batches(data_file, held):
     assert nothing_pinned() == (0, 0, 0)
 
 
+@pytest.mark.parametrize("strategy", ["auto", "whole-file"])
+def test_ctrl_c_during_read_into_from_host(held, strategy):
+    """Through the ring, a source larger than the ring cannot be read in full
+    while no copy runs (its slots never come free); registered in place, the
+    call waits for its copy: either way the call is provably waiting when the
+    signal comes. The copies enqueued end once the streams go on, and then
+    nothing is left pinned or registered."""
+    src = bytearray(bytes(range(251)) * (64 * MIB // 251))
+    dst = wirespeed._DeviceArray(len(src))
+    with Alarm(0.3) as alarm:
+        with pytest.raises(KeyboardInterrupt):
+            wirespeed.read_into(dst, src, strategy=strategy, budget=len(src) + MIB)
+    assert alarm.fired is not None and time.monotonic() - alarm.fired < HANG_S
+    assert wirespeed.pinned_bytes() > 0  # the ring, or the source registered in place
+    wirespeed._native._emulator_hold(False)
+    wirespeed.release()  # waits for the copies enqueued, unregisters, frees the ring
+    assert nothing_pinned() == (0, 0, 0)
+    wirespeed.read_into(dst, src, strategy=strategy, sync=True)  # and works on
+    assert dst.to_bytes() == bytes(src)
+    wirespeed.release()
+
+
 # The child streams 8 spans; once it holds the first batch it holds the
 # emulated streams, so at most the spans already started (the first two or
 # three) can land, and it is provably waiting for a later one when the parent's

@@ -107,16 +107,18 @@ def device_count() -> int:
 
 def release() -> None:
     """Waits for transfers in flight, then frees the pinned memory the cached
-    streamers keep between calls and closes the cached file mappings."""
+    streamers and host rings keep between calls (ending the rings' threads)
+    and closes the cached file mappings."""
     _native.release()
 
 
 def pinned_bytes() -> int:
     """Host bytes wirespeed holds pinned (page-locked) right now: what its
     cached streamers pin (their rings, the windows of transfers in flight,
-    the file registrations they keep between calls), the bounce buffers of
-    :func:`read_into` from host arrays, and the :class:`pinned` blocks open.
-    0 after :func:`release` once no ``pinned`` block is open."""
+    the file registrations they keep between calls), the pinned rings of
+    :func:`read_into` from host arrays (and a host array registered in place
+    for its copy), and the :class:`pinned` blocks open. 0 after
+    :func:`release` once no ``pinned`` block is open."""
     return _native.pinned_bytes()
 
 
@@ -270,8 +272,14 @@ def read_into(
     taken through ``torch.from_dlpack``, so with torch installed).
 
     ``src`` is a path, an ``np.memmap`` (its file range is streamed from the
-    file), or a host array (a numpy array, a CPU tensor, any buffer: copied
-    through the CPU; ``offset``/``length`` then select bytes of it).
+    file), or a host array (a numpy array, a CPU tensor, any buffer;
+    ``offset``/``length`` then select bytes of it). A host array is copied
+    through a pinned ring kept per device, several threads filling its slots
+    (``strategy`` ``"auto"`` or ``"ring"``): the call returns once the array
+    has been read, so you may reuse it at once; or, with
+    ``strategy="whole-file"``, registered in place (``cudaHostRegister``,
+    within ``budget``), copied without a CPU copy and unregistered once
+    copied, the call returning then.
 
     The copies are ordered on the consumer's stream: after the work enqueued
     on it so far, and before the work enqueued on it after this returns. The
@@ -281,9 +289,10 @@ def read_into(
     the returned :class:`Report` waits when its timings are read.
 
     ``budget`` (bytes the library may pin) and ``strategy`` (``"auto"``,
-    ``"whole-file"``, ``"windows"``, ``"ring"``, ``"hybrid"``, ``"direct"``)
-    pick a streamer, kept per (device, budget, strategy) so repeated calls
-    reuse its pinned memory. The file must not be written or truncated while
+    ``"whole-file"``, ``"windows"``, ``"ring"``, ``"hybrid"``, ``"direct"``;
+    for a host array ``"auto"``, ``"ring"`` or ``"whole-file"``) pick a
+    streamer, kept per (device, budget, strategy) so repeated calls reuse its
+    pinned memory (for a host array: the ring, kept per device). The file must not be written or truncated while
     it is read. Ctrl-C raises ``KeyboardInterrupt``; a transfer already
     started still runs to its end in the background, its destination kept
     alive until then.
@@ -301,7 +310,7 @@ def read_into(
     end = len(mv) if length is None else offset + length
     if length is not None and (length < 0 or end > len(mv)):
         raise Error(f"range {offset}..{end} is outside the source's {len(mv)} bytes")
-    return _native.read_host(mv[offset:end], ptr, nbytes, device, stream)
+    return _native.read_host(mv[offset:end], ptr, nbytes, device, stream, budget, strategy, dst, sync)
 
 
 # ----------------------------------------------------------------- batches
