@@ -509,6 +509,10 @@ class Batches:
                 self._path, self._start, n, page.ptr, n, self._device, None,
                 self._budget, self._strategy, page, True, False,
             )
+            # Freed now, not while spans stream (freeing device memory
+            # waits for the device, as cudaFree does).
+            del page
+            _native._reap()
 
     def _next_span(self) -> None:
         """Starts the spans up to ``ahead`` beyond the next one, then waits
