@@ -23,7 +23,7 @@ use wirespeed_cuda::{Device, DeviceSliceMut, Stream};
 use wirespeed_pinned::{PinBudget, PinnedRing};
 
 use crate::error::err;
-use crate::inflight::SLICE;
+use crate::inflight::{SLICE, Waiting};
 
 /// The most threads filling a device's ring.
 const MAX_THREADS: usize = 8;
@@ -178,6 +178,7 @@ impl HostRing {
         });
         lock(&self.pool.jobs).queue.push_back(job.clone());
         self.pool.posted.notify_all();
+        let waiting = Waiting::enter();
         loop {
             if py.detach(|| job.finished_within(SLICE)) {
                 break;
@@ -187,6 +188,7 @@ impl HostRing {
                 return Err(e);
             }
         }
+        drop(waiting);
         match lock(&job.state).error.take() {
             Some(e) => Err(err(e)),
             None => Ok(()),

@@ -3,6 +3,7 @@
 //! frees the destination under a DMA, whatever the caller drops or
 //! interrupts.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -157,8 +158,37 @@ pub(crate) fn reap() {
     });
 }
 
+/// Threads inside one of the package's interruptible waits now.
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// A thread inside an interruptible wait, counted in [`WAITING`] until
+/// dropped.
+pub(crate) struct Waiting(());
+
+impl Waiting {
+    /// Counts the calling thread in until the value is dropped.
+    pub(crate) fn enter() -> Waiting {
+        WAITING.fetch_add(1, Ordering::SeqCst);
+        Waiting(())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How many threads are inside one of the package's interruptible waits
+/// now (for the tests: a signal sent while one is provably waiting).
+#[pyfunction]
+pub(crate) fn _waits() -> usize {
+    WAITING.load(Ordering::SeqCst)
+}
+
 /// Waits (interruptibly) until `t` has ended.
 pub(crate) fn wait(py: Python<'_>, t: &Shared) -> PyResult<()> {
+    let _waiting = Waiting::enter();
     while !py.detach(|| lock(t).poll(SLICE)) {
         py.check_signals()?;
     }

@@ -71,6 +71,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(held::release, m)?)?;
     m.add_function(wrap_pyfunction!(inflight::drain, m)?)?;
     m.add_function(wrap_pyfunction!(inflight::_reap, m)?)?;
+    m.add_function(wrap_pyfunction!(inflight::_waits, m)?)?;
     m.add_function(wrap_pyfunction!(held::pinned_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(emulator::_emulator_counters, m)?)?;
     m.add_function(wrap_pyfunction!(emulator::_emulator_set_delay_us, m)?)?;

@@ -92,6 +92,7 @@ impl PyReport {
         let then = consumer(stream.unwrap_or(0), dev)?;
         // Interruptibly: on KeyboardInterrupt the transfer goes on, its
         // destination kept alive (in `INFLIGHT`) until it has ended.
+        let _waiting = inflight::Waiting::enter();
         loop {
             let ordered = py.detach(|| lock(shared).then_on(&then, SLICE));
             if ordered.map_err(err)? {

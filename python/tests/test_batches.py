@@ -3,6 +3,8 @@ partial batch, errors mid-iteration, leaving early, and what stays pinned."""
 
 import ctypes
 import gc
+import threading
+import time
 
 import pytest
 
@@ -155,19 +157,44 @@ def test_last_partial_batch_of_typed_rows(tmp_path, emulator):
 
 
 def test_no_batch_is_yielded_while_written(big_file, emulator):
-    """Every stream operation is slowed down; each batch's memory, read with
-    no synchronization the moment it is yielded, already holds the file's
-    bytes, while the spans after it are still streaming."""
+    """With the emulated streams held, the first batch is not handed back:
+    the iterator has started the first span and the next one (depth 4: the
+    next span's batches) and waits, both provably streaming. Once they go
+    on, each batch's memory, read with no synchronization the moment it is
+    yielded, already holds the file's bytes; and before the iterator waits
+    for a span, the spans `depth` batches ahead have been started."""
     path, data = big_file
-    emulator._emulator_set_delay_us(20_000)
-    it = wirespeed.batches(path, 2 * MIB, span=4 * MIB, depth=2)
-    off, overlapped = 0, False
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=4)  # spans of 4, 4, 4 and 5 batches
+    # Nothing left to free while held: freeing device memory waits for the
+    # streams (as cudaFree does).
+    gc.collect()
+    emulator._emulator_hold(True)
+    got = []
+    t = threading.Thread(target=lambda: got.append(next(it)))
+    t.start()
+    until(lambda: len(it.reports) == 2 and wirespeed._native._waits() > 0)
+    assert not any(r.done for r in it.reports)  # held: neither span has landed
+    assert not got  # and the thread waits: nothing was handed back
+    emulator._emulator_hold(False)
+    t.join()
+    assert raw(got[0]) == data[:MIB]
+    off = got[0].nbytes
+    spans = it.spans
     for b in it:
         assert raw(b) == data[off : off + b.nbytes], f"batch at {off} yielded before it landed"
-        overlapped |= not it.reports[-1].done  # a later span still streaming
+        current = next(i for i, (o, n) in enumerate(spans) if o <= off < o + n)
+        assert len(it.reports) == min(current + 2, len(spans))  # this span and the next one started
         off += b.nbytes
     assert off == len(data)
-    assert overlapped, "no span was streaming while batches were yielded"
+
+
+def until(condition):
+    """Waits until `condition()` holds (polling; only a guard against a hang
+    bounds it, never a measure of speed)."""
+    end = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < end, "the condition never held"
+        time.sleep(0.001)
 
 
 def test_depth_zero_streams_one_span_at_a_time(big_file, emulator):
@@ -215,11 +242,14 @@ def test_break_leaves_nothing_pinned(big_file, emulator):
     gc.collect()
     base = counters()
     assert wirespeed.pinned_bytes() == 0
-    emulator._emulator_set_delay_us(10_000)  # spans still streaming at the break
+    # Slowed down, so that the spans started ahead are likely still streaming
+    # at the break (nothing here depends on it: the test of Ctrl-C during
+    # batches, in test_interrupt.py, holds the streams to make it certain).
+    emulator._emulator_set_delay_us(10_000)
     it = wirespeed.batches(path, MIB, span=4 * MIB, budget=2 * MIB, depth=8)
     for b in it:
         assert wirespeed.pinned_bytes() > 0  # the ring of the streamer, at least
-        assert any(not r.done for r in it.reports)
+        assert len(it.reports) == 3  # the first span and two ahead were started
         break
     del it, b
     emulator._emulator_set_delay_us(0)

@@ -6,6 +6,7 @@ yet holds the emulated streams (no timing)."""
 
 import array
 import ctypes
+import gc
 
 import pytest
 
@@ -113,6 +114,7 @@ def test_the_source_is_read_before_the_call_returns(clean):
     src = bytearray(pattern(200 * KIB, seed=5))
     want = bytes(src)
     dst = wirespeed._DeviceArray(len(src))
+    gc.collect()  # nothing left to free while held (freeing waits for the streams)
     wirespeed._native._emulator_hold(True)
     r = wirespeed.read_into(dst, src)
     assert not r.done  # held: no copy has run
