@@ -12,7 +12,7 @@ use wirespeed_cuda::Stream;
 use wirespeed_cuda::locks::lock;
 use wirespeed_pinned::{Streamer, Transfer};
 
-use crate::report::Summary;
+use crate::summary::Summary;
 
 /// How long one wait lasts before signals are checked.
 pub(crate) const SLICE: Duration = Duration::from_millis(20);

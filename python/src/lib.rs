@@ -23,7 +23,8 @@
 //! * [`device_array`]: `_DeviceArray`, device memory owned by the library, or
 //!   a view of part of it, exposing `__cuda_array_interface__` (for callers
 //!   without torch, `batches`' spans, and the tests);
-//! * [`report`]: `Report`, a transfer's report, settled when first read;
+//! * [`report`]: `Report`, a transfer's report, settled when first read
+//!   (its figures: [`summary`]);
 //! * [`held`]: `pinned_bytes`, what the package holds pinned now, and
 //!   `release`;
 //! * [`runtime`]: choosing and loading the CUDA runtime (or the emulator);
@@ -51,6 +52,7 @@ mod registration;
 mod report;
 mod runtime;
 mod streamers;
+mod summary;
 
 use pyo3::prelude::*;
 

@@ -35,8 +35,9 @@ use crate::handles::{consumer, device_of};
 use crate::host_ring;
 use crate::inflight::{Work, reap, track_work};
 use crate::registration::{Registered, pages_of};
-use crate::report::{PyReport, Summary};
+use crate::report::PyReport;
 use crate::streamers::parse_strategy;
+use crate::summary::{Summary, host as summary};
 
 /// Process CPU seconds so far.
 fn cpu_seconds() -> f64 {
@@ -304,29 +305,6 @@ impl Work for InPlaceWork {
     fn then_on(&self, stream: &Stream, _: Duration) -> Result<bool, String> {
         stream.wait_event(&self.done).map(|()| true).map_err(|e| e.to_string())
     }
-}
-
-/// The report of a host source's copy of `nbytes` bytes, with
-/// (registrations, the most bytes pinned meanwhile).
-fn summary(strategy: String, nbytes: usize, seconds: f64, cpu_seconds: f64, pins: (u64, u64)) -> Summary {
-    let mut s = Summary {
-        strategy,
-        bytes: nbytes as u64,
-        seconds,
-        cpu_seconds,
-        registrations: pins.0,
-        peak_pinned: pins.1,
-        chained: false,
-        breakdown: None,
-        text: String::new(),
-    };
-    s.text = format!(
-        "{}: {nbytes} bytes in {seconds:.3} s ({:.2} GB/s), {:.3} CPU s/GB",
-        s.strategy,
-        s.gbps(),
-        s.cpu_per_gb()
-    );
-    s
 }
 
 /// Host bytes the rings pin now.
