@@ -13,13 +13,14 @@
 //! * registered in place (`whole-file`): the source's pages registered
 //!   (`cudaHostRegister`, portable), copied from directly, and unregistered
 //!   once the copy has completed; the call returns then. No CPU copy, but
-//!   registering costs about as much time per byte as the copy itself, the
-//!   driver registers one call at a time, and the whole source is pinned
-//!   meanwhile (within the budget). For a source registered once and read
-//!   many times, `wirespeed.pinned` is the way.
+//!   registering and unregistering take time per byte of their own, before
+//!   and after the copy, one call at a time for the whole device, and the
+//!   whole source is pinned meanwhile (within the budget). For a source
+//!   registered once and read many times, `wirespeed.pinned` is the way.
 //!
-//! The ring is `auto`'s choice: with a few cores it keeps up with the copy
-//! engine, where registering a source for one copy runs at a fraction of it.
+//! The ring is `auto`'s choice: its threads fill slots while earlier slots
+//! are copied, so the CPU copy overlaps the DMA, where registering a source
+//! for one copy runs before and after it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

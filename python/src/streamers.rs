@@ -83,6 +83,8 @@ pub(crate) fn mapped(path: &Path) -> PyResult<Arc<MappedFile>> {
 /// Answers whether those transfers run from the whole file registered and
 /// kept (a whole-file plan, the file within the budget): the first of them
 /// registers it, which the caller may do ahead with a read of a page.
+/// Waits (without the GIL) while the streamer runs a pass, as every call that
+/// takes the streamer does.
 #[pyfunction]
 pub(crate) fn _prepare(
     py: Python<'_>,
