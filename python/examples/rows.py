@@ -7,7 +7,7 @@ at a time:
 * .cuda() per row:          rows[i].cuda()  (pageable: staged by the driver)
 * pinned once (torch):      p = rows.pin_memory() first, then p[i].cuda(non_blocking=True)
 * wirespeed.pinned:         with wirespeed.pinned(rows): rows[i].cuda(non_blocking=True)
-* wirespeed.read_into:      read_into(dst[i], rows[i]) (a pinned bounce through the CPU)
+* wirespeed.read_into:      read_into(dst[i], rows[i]) (through the pinned ring, several threads)
 
 Each line: GB/s, that as a fraction of the line rate (a resident pinned
 tensor copied to the device, measured in the same run), and process CPU
@@ -116,7 +116,7 @@ def main():
         return dst
 
     outs, gbps, cpu, _ = timed(via_read_into, total)
-    report("wirespeed.read_into (CPU bounce)", outs, gbps, cpu)
+    report("wirespeed.read_into (pinned ring)", outs, gbps, cpu)
 
     print("ok" if ok else "FAILED: a way's rows differ from the source")
     return 0 if ok else 1

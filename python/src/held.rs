@@ -6,15 +6,16 @@ use pyo3::prelude::*;
 use crate::{inflight, read_host, registration, streamers};
 
 /// Drops the cached streamers (their pinned ring and registrations), mapped
-/// files and bounce buffers, after waiting for every transfer in flight.
+/// files and `read_host`'s pinned rings (ending their threads), after
+/// waiting for every transfer and copy in flight.
 #[pyfunction]
 pub(crate) fn release(py: Python<'_>) -> PyResult<()> {
     inflight::drain(py)?;
     let kept = streamers::take();
-    let bounces = read_host::take();
+    let rings = read_host::take();
     py.detach(move || {
         drop(kept);
-        drop(bounces);
+        drop(rings);
     });
     Ok(())
 }
@@ -22,7 +23,8 @@ pub(crate) fn release(py: Python<'_>) -> PyResult<()> {
 /// Host bytes the package holds pinned now: what the cached streamers pin
 /// (drawn from their budgets: the ring, registered windows and kept file
 /// registrations, those of transfers in flight included), `read_host`'s
-/// bounce buffers, and the live `_Registration`s (rounded out to pages).
+/// pinned rings, and the live registrations in place (`_Registration`s, and
+/// host sources registered for their copy), rounded out to pages.
 #[pyfunction]
 pub(crate) fn pinned_bytes() -> u64 {
     streamers::pinned_bytes() + read_host::pinned_bytes() + registration::pinned_bytes()

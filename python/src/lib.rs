@@ -13,9 +13,11 @@
 //!   transfer and the Python object that owns the destination until the
 //!   transfer has ended, so that nothing frees the destination under a DMA,
 //!   whatever the caller drops or interrupts; [`streamers`] keeps the
-//!   streamers and mapped files for later calls;
+//!   streamers and mapped files for later calls, and makes a streamer's
+//!   ring and registration context ready before a first pass (`_prepare`);
 //! * [`mod@read_host`]: host memory (any buffer) into device memory, through
-//!   pinned bounce buffers;
+//!   [`host_ring`], a pinned ring per device filled by a pool of threads, or
+//!   registered in place;
 //! * [`registration`]: `_Registration`, a host buffer registered in place
 //!   (`cudaHostRegister`);
 //! * [`device_array`]: `_DeviceArray`, device memory owned by the library, or
@@ -23,7 +25,8 @@
 //!   without torch, `batches`' spans, and the tests);
 //! * [`loader`]: `_Loader`, shuffled batches of records gathered on the GPU
 //!   (`wirespeed.Loader`);
-//! * [`report`]: `Report`, a transfer's report, settled when first read;
+//! * [`report`]: `Report`, a transfer's report, settled when first read
+//!   (its figures: [`summary`]);
 //! * [`held`]: `pinned_bytes`, what the package holds pinned now, and
 //!   `release`;
 //! * [`runtime`]: choosing and loading the CUDA runtime (or the emulator);
@@ -43,6 +46,7 @@ mod emulator;
 mod error;
 mod handles;
 mod held;
+mod host_ring;
 mod inflight;
 mod loader;
 mod read_file;
@@ -51,6 +55,7 @@ mod registration;
 mod report;
 mod runtime;
 mod streamers;
+mod summary;
 
 use pyo3::prelude::*;
 
@@ -67,10 +72,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runtime::_use_emulator, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::device_count, m)?)?;
     m.add_function(wrap_pyfunction!(read_file::read_file, m)?)?;
+    m.add_function(wrap_pyfunction!(streamers::_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(read_host::read_host, m)?)?;
     m.add_function(wrap_pyfunction!(held::release, m)?)?;
     m.add_function(wrap_pyfunction!(inflight::drain, m)?)?;
     m.add_function(wrap_pyfunction!(inflight::_reap, m)?)?;
+    m.add_function(wrap_pyfunction!(inflight::_waits, m)?)?;
     m.add_function(wrap_pyfunction!(held::pinned_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(emulator::_emulator_counters, m)?)?;
     m.add_function(wrap_pyfunction!(emulator::_emulator_set_delay_us, m)?)?;

@@ -7,11 +7,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use wirespeed_cuda::Device;
 use wirespeed_cuda::locks::lock;
-use wirespeed_pinned::Report;
 
 use crate::error::err;
 use crate::handles::consumer;
 use crate::inflight::{self, SLICE, Shared};
+use crate::summary::Summary;
 
 /// The report of a transfer: `bytes` at once; the rest once it has ended
 /// (reading them waits for it, interruptibly).
@@ -26,51 +26,6 @@ pub(crate) struct PyReport {
 enum ReportState {
     Done(Summary),
     Pending(Shared),
-}
-
-/// What a finished transfer reports to Python: the library's [`Report`], or
-/// the host-array path's own figures.
-#[derive(Clone)]
-pub(crate) struct Summary {
-    pub(crate) strategy: String,
-    pub(crate) bytes: u64,
-    pub(crate) seconds: f64,
-    pub(crate) cpu_seconds: f64,
-    /// `cudaHostRegister` calls the transfer made.
-    pub(crate) registrations: u64,
-    /// The most bytes pinned at once meanwhile.
-    pub(crate) peak_pinned: u64,
-    /// It ran in the pass of the transfer queued before it.
-    pub(crate) chained: bool,
-    /// Where the streamer's agents spent their time (none for the host-array path).
-    pub(crate) breakdown: Option<wirespeed_pinned::Breakdown>,
-    pub(crate) text: String,
-}
-
-impl Summary {
-    pub(crate) fn gbps(&self) -> f64 {
-        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
-    }
-
-    pub(crate) fn cpu_per_gb(&self) -> f64 {
-        if self.bytes > 0 { self.cpu_seconds / (self.bytes as f64 / 1e9) } else { 0.0 }
-    }
-}
-
-impl From<&Report> for Summary {
-    fn from(r: &Report) -> Summary {
-        Summary {
-            strategy: r.strategy.to_string(),
-            bytes: r.bytes,
-            seconds: r.seconds,
-            cpu_seconds: r.cpu_seconds,
-            registrations: r.registrations,
-            peak_pinned: r.peak_pinned,
-            chained: r.chained,
-            breakdown: Some(r.breakdown),
-            text: r.to_string(),
-        }
-    }
 }
 
 impl PyReport {
@@ -92,17 +47,9 @@ impl PyReport {
         let then = consumer(stream.unwrap_or(0), dev)?;
         // Interruptibly: on KeyboardInterrupt the transfer goes on, its
         // destination kept alive (in `INFLIGHT`) until it has ended.
+        let _waiting = inflight::Waiting::enter();
         loop {
-            let ordered = py.detach(|| {
-                let g = lock(shared);
-                match &g.transfer {
-                    Some(t) => t.then_on_timeout(&then, SLICE),
-                    None => match &g.result {
-                        Some(Err(e)) => Err(wirespeed_pinned::Error::TransferFailed { message: e.clone() }),
-                        _ => Ok(true),
-                    },
-                }
-            });
+            let ordered = py.detach(|| lock(shared).then_on(&then, SLICE));
             if ordered.map_err(err)? {
                 return Ok(());
             }
@@ -117,7 +64,7 @@ impl PyReport {
             ReportState::Pending(t) => {
                 inflight::wait(py, t)?;
                 match &lock(t).result {
-                    Some(Ok(r)) => Ok(Summary::from(r)),
+                    Some(Ok(r)) => Ok(r.clone()),
                     Some(Err(e)) => Err(err(e)),
                     None => Err(err("the transfer's result is gone")),
                 }
@@ -194,7 +141,7 @@ impl PyReport {
     /// ring and making the registration context: a streamer's first transfer);
     /// and `reserve_threads`, the ring threads auto kept in reserve that
     /// joined (the copy engine had room);
-    /// empty for a host array copied through bounce buffers (waits for it).
+    /// empty for a host array (waits for it).
     #[getter]
     fn breakdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);

@@ -1,5 +1,6 @@
 //! The streamers and mapped files `read_file` uses, kept for the process so
-//! that repeated calls reuse their pinned ring, registrations and mappings.
+//! that repeated calls reuse their pinned ring, registrations and mappings;
+//! and `_prepare`, which makes them ready before a first pass.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -72,6 +73,34 @@ pub(crate) fn mapped(path: &Path) -> PyResult<Arc<MappedFile>> {
     let f = unsafe { MappedFile::open(path) }.map_err(err)?;
     map.insert(path.to_path_buf(), (key, f.clone()));
     Ok(f)
+}
+
+/// Makes ready now what the first transfers of `span` bytes of `path` would
+/// make with the kept streamer of (`device`, `budget`, `strategy`): the
+/// streamer, the file's mapping, and the streamer's pinned ring and
+/// registration context for the plan of `span` bytes
+/// (`Streamer::prepare`), so that a first pass runs as later ones do.
+/// Answers whether those transfers run from the whole file registered and
+/// kept (a whole-file plan, the file within the budget): the first of them
+/// registers it, which the caller may do ahead with a read of a page.
+/// Waits (without the GIL) while the streamer runs a pass, as every call that
+/// takes the streamer does.
+#[pyfunction]
+pub(crate) fn _prepare(
+    py: Python<'_>,
+    path: PathBuf,
+    span: u64,
+    device: usize,
+    budget: u64,
+    strategy: &str,
+) -> PyResult<bool> {
+    let strategy = parse_strategy(strategy)?;
+    let file = mapped(&path)?;
+    let s = streamer(device, budget, strategy)?;
+    let plan = py.detach(|| s.prepare(span)).map_err(err)?;
+    let whole = Strategy::WholeFile.pinned_bytes(file.len());
+    let room = s.config().budget.available().saturating_add(s.kept_pinned_bytes());
+    Ok(plan == Strategy::WholeFile && whole.is_some_and(|w| w <= room))
 }
 
 /// Host bytes the kept streamers pin now, drawn from their budgets.

@@ -3,6 +3,8 @@ partial batch, errors mid-iteration, leaving early, and what stays pinned."""
 
 import ctypes
 import gc
+import threading
+import time
 
 import pytest
 
@@ -69,6 +71,64 @@ def test_spans_are_few_transfers_of_whole_batches(big_file, emulator):
     assert next(it, None) is None  # ended, and stays so
 
 
+# What a streamer sets up once and keeps: registration contexts, pinned
+# memory (its ring), streams, and registrations it keeps (a file registered
+# whole). Events are left out: the ring's slots make theirs as they are
+# first used, and a pass makes a number of its own that depends on how its
+# spans chained.
+SETUP = ["cuCtxCreate_v2", "cudaHostAlloc", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority"]
+KEPT_REGISTRATIONS = ["cudaHostRegister", "cuMemHostRegister_v2"]
+
+
+@pytest.mark.parametrize(
+    "strategy, budget, what",
+    [
+        ("auto", 2 * MIB, "ring"),  # the range larger than the budget: a pinned ring
+        ("auto", 64 * MIB, "whole-file"),  # the file fits: registered whole, kept
+        ("hybrid", wirespeed.DEFAULT_BUDGET, "hybrid"),  # a ring and a registration context
+    ],
+)
+def test_first_pass_does_no_setup_later_passes_skip(big_file, emulator, strategy, budget, what):
+    """Making the iterator sets up what its first pass would (by the
+    emulator's call counts, not by time): the passes that follow, the first
+    included, make no context, pinned allocation, stream or kept
+    registration, and the first pass calls the runtime for them exactly as
+    the second does."""
+    path, data = big_file
+    watched = SETUP + (KEPT_REGISTRATIONS if what == "whole-file" else [])
+
+    def calls():
+        return counters_of(watched)
+
+    def one_pass():
+        before = calls()
+        it = wirespeed.batches(path, MIB, span=4 * MIB, budget=budget, strategy=strategy)
+        made = calls()  # the iterator is made; no batch asked for yet
+        live = counters()
+        assert b"".join(raw(b) for b in it) == data  # (to_bytes would allocate)
+        assert {r.strategy.split()[0] for r in it.reports} == {what}
+        return diff(made, before), diff(calls(), made), live
+
+    wirespeed.release()
+    setup, first, live = one_pass()
+    _, second, _ = one_pass()
+    assert first == second == {f: 0 for f in watched}, (setup, first, second)
+    if what in ("ring", "hybrid"):
+        assert setup["cudaHostAlloc"] > 0 and live["pinned_allocs"] > 0  # the ring, before the first batch
+    if what in ("whole-file", "hybrid"):
+        assert live["contexts"] >= 1  # the registration context, before the first batch
+    if what == "whole-file":
+        assert live["registrations"] == 1  # the file, registered before the first batch
+
+
+def counters_of(functions):
+    return wirespeed._native._emulator_counters(functions)["calls"]
+
+
+def diff(after, before):
+    return {f: after[f] - before[f] for f in after}
+
+
 def test_span_planning():
     plan = wirespeed._plan_spans
     assert plan(0, 10, 100) == []
@@ -97,19 +157,44 @@ def test_last_partial_batch_of_typed_rows(tmp_path, emulator):
 
 
 def test_no_batch_is_yielded_while_written(big_file, emulator):
-    """Every stream operation is slowed down; each batch's memory, read with
-    no synchronization the moment it is yielded, already holds the file's
-    bytes, while the spans after it are still streaming."""
+    """With the emulated streams held, the first batch is not handed back:
+    the iterator has started the first span and the next one (depth 4: the
+    next span's batches) and waits, both provably streaming. Once they go
+    on, each batch's memory, read with no synchronization the moment it is
+    yielded, already holds the file's bytes; and before the iterator waits
+    for a span, the spans `depth` batches ahead have been started."""
     path, data = big_file
-    emulator._emulator_set_delay_us(20_000)
-    it = wirespeed.batches(path, 2 * MIB, span=4 * MIB, depth=2)
-    off, overlapped = 0, False
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=4)  # spans of 4, 4, 4 and 5 batches
+    # Nothing left to free while held: freeing device memory waits for the
+    # streams (as cudaFree does).
+    gc.collect()
+    emulator._emulator_hold(True)
+    got = []
+    t = threading.Thread(target=lambda: got.append(next(it)))
+    t.start()
+    until(lambda: len(it.reports) == 2 and wirespeed._native._waits() > 0)
+    assert not any(r.done for r in it.reports)  # held: neither span has landed
+    assert not got  # and the thread waits: nothing was handed back
+    emulator._emulator_hold(False)
+    t.join()
+    assert raw(got[0]) == data[:MIB]
+    off = got[0].nbytes
+    spans = it.spans
     for b in it:
         assert raw(b) == data[off : off + b.nbytes], f"batch at {off} yielded before it landed"
-        overlapped |= not it.reports[-1].done  # a later span still streaming
+        current = next(i for i, (o, n) in enumerate(spans) if o <= off < o + n)
+        assert len(it.reports) == min(current + 2, len(spans))  # this span and the next one started
         off += b.nbytes
     assert off == len(data)
-    assert overlapped, "no span was streaming while batches were yielded"
+
+
+def until(condition):
+    """Waits until `condition()` holds (polling; only a guard against a hang
+    bounds it, never a measure of speed)."""
+    end = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < end, "the condition never held"
+        time.sleep(0.001)
 
 
 def test_depth_zero_streams_one_span_at_a_time(big_file, emulator):
@@ -138,12 +223,14 @@ def test_error_mid_iteration_raises_and_ends(big_file, emulator):
 
 def test_error_in_a_later_span_is_not_handed_back(big_file, emulator):
     path, data = big_file
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=8, strategy="whole-file")
     # The third copy from now fails: the third span's, started while the
-    # first span's batches are yielded (depth 8: two spans ahead).
+    # first span's batches are yielded (depth 8: two spans ahead). (Making
+    # the iterator registered the file, by a copy of its own.)
     emulator._emulator_inject_fault("cudaMemcpyAsync", 3, 999)
     seen = 0
     with pytest.raises(wirespeed.Error):
-        for b in wirespeed.batches(path, MIB, span=4 * MIB, depth=8, strategy="whole-file"):
+        for b in it:
             assert raw(b) == data[seen : seen + b.nbytes]
             seen += b.nbytes
     assert seen == 8 * MIB  # two spans, then the error instead of the third
@@ -155,11 +242,14 @@ def test_break_leaves_nothing_pinned(big_file, emulator):
     gc.collect()
     base = counters()
     assert wirespeed.pinned_bytes() == 0
-    emulator._emulator_set_delay_us(10_000)  # spans still streaming at the break
+    # Slowed down, so that the spans started ahead are likely still streaming
+    # at the break (nothing here depends on it: the test of Ctrl-C during
+    # batches, in test_interrupt.py, holds the streams to make it certain).
+    emulator._emulator_set_delay_us(10_000)
     it = wirespeed.batches(path, MIB, span=4 * MIB, budget=2 * MIB, depth=8)
     for b in it:
         assert wirespeed.pinned_bytes() > 0  # the ring of the streamer, at least
-        assert any(not r.done for r in it.reports)
+        assert len(it.reports) == 3  # the first span and two ahead were started
         break
     del it, b
     emulator._emulator_set_delay_us(0)

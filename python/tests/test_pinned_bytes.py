@@ -35,7 +35,7 @@ def test_pinned_bytes_counts_what_the_package_pins(released):
         assert counters()["registrations"] == 1
     assert wirespeed.pinned_bytes() == 0
     dst = wirespeed._DeviceArray(4096)
-    wirespeed.read_into(dst, bytearray(4096))  # a host array: two bounce buffers
+    wirespeed.read_into(dst, bytearray(4096))  # a host array: through the pinned ring
     assert wirespeed.pinned_bytes() == counters()["pinned_bytes"] > 0
     wirespeed.release()
     assert wirespeed.pinned_bytes() == 0 and counters()["pinned_bytes"] == 0

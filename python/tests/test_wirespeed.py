@@ -72,7 +72,7 @@ def test_read_into_host_buffer():
     r = wirespeed.read_into(dst, src, 12345, 1 << 20)
     assert dst.to_bytes() == bytes(src[12345 : 12345 + (1 << 20)])
     assert r.bytes == 1 << 20 and r.done
-    assert r.breakdown == {}  # bounce buffers: no streamer agents
+    assert r.breakdown == {}  # the host ring: no streamer agents
     floats = array.array("f", [1.5] * 1024)
     dst = wirespeed._DeviceArray(4096, typestr="<f4", shape=[1024])
     wirespeed.read_into(dst, floats)

@@ -111,16 +111,18 @@ def device_count() -> int:
 
 def release() -> None:
     """Waits for transfers in flight, then frees the pinned memory the cached
-    streamers keep between calls and closes the cached file mappings."""
+    streamers and host rings keep between calls (ending the rings' threads)
+    and closes the cached file mappings."""
     _native.release()
 
 
 def pinned_bytes() -> int:
     """Host bytes wirespeed holds pinned (page-locked) right now: what its
     cached streamers pin (their rings, the windows of transfers in flight,
-    the file registrations they keep between calls), the bounce buffers of
-    :func:`read_into` from host arrays, and the :class:`pinned` blocks open.
-    0 after :func:`release` once no ``pinned`` block is open."""
+    the file registrations they keep between calls), the pinned rings of
+    :func:`read_into` from host arrays (and a host array registered in place
+    for its copy), and the :class:`pinned` blocks open. 0 after
+    :func:`release` once no ``pinned`` block is open."""
     return _native.pinned_bytes()
 
 
@@ -274,8 +276,14 @@ def read_into(
     taken through ``torch.from_dlpack``, so with torch installed).
 
     ``src`` is a path, an ``np.memmap`` (its file range is streamed from the
-    file), or a host array (a numpy array, a CPU tensor, any buffer: copied
-    through the CPU; ``offset``/``length`` then select bytes of it).
+    file), or a host array (a numpy array, a CPU tensor, any buffer;
+    ``offset``/``length`` then select bytes of it). A host array is copied
+    through a pinned ring kept per device, several threads filling its slots
+    (``strategy`` ``"auto"`` or ``"ring"``): the call returns once the array
+    has been read, so you may reuse it at once; or, with
+    ``strategy="whole-file"``, registered in place (``cudaHostRegister``,
+    within ``budget``), copied without a CPU copy and unregistered once
+    copied, the call returning then.
 
     The copies are ordered on the consumer's stream: after the work enqueued
     on it so far, and before the work enqueued on it after this returns. The
@@ -285,9 +293,10 @@ def read_into(
     the returned :class:`Report` waits when its timings are read.
 
     ``budget`` (bytes the library may pin) and ``strategy`` (``"auto"``,
-    ``"whole-file"``, ``"windows"``, ``"ring"``, ``"hybrid"``, ``"direct"``)
-    pick a streamer, kept per (device, budget, strategy) so repeated calls
-    reuse its pinned memory. The file must not be written or truncated while
+    ``"whole-file"``, ``"windows"``, ``"ring"``, ``"hybrid"``, ``"direct"``;
+    for a host array ``"auto"``, ``"ring"`` or ``"whole-file"``) pick a
+    streamer, kept per (device, budget, strategy) so repeated calls reuse its
+    pinned memory (for a host array: the ring, kept per device). The file must not be written or truncated while
     it is read. Ctrl-C raises ``KeyboardInterrupt``; a transfer already
     started still runs to its end in the background, its destination kept
     alive until then.
@@ -305,7 +314,7 @@ def read_into(
     end = len(mv) if length is None else offset + length
     if length is not None and (length < 0 or end > len(mv)):
         raise Error(f"range {offset}..{end} is outside the source's {len(mv)} bytes")
-    return _native.read_host(mv[offset:end], ptr, nbytes, device, stream)
+    return _native.read_host(mv[offset:end], ptr, nbytes, device, stream, budget, strategy, dst, sync)
 
 
 # ----------------------------------------------------------------- batches
@@ -422,6 +431,7 @@ class Batches:
         page = mmap.PAGESIZE
         if strategy == "auto" and self._spans and -(-total // page) * page + page > budget:
             self._budget = max(1, min(budget, min(n for _, n, _ in self._spans) - 1))
+        self._prepare()
         fewest = min((k for _, _, k in self._spans), default=1)
         self._ahead = 0 if depth == 0 else -(-depth // fewest)
         self._pending: collections.deque = collections.deque()
@@ -485,6 +495,28 @@ class Batches:
         return out
 
     # ------------------------------------------------------------- inside
+
+    def _prepare(self) -> None:
+        """Makes ready now what the first pass would make: the streamer, its
+        pinned ring and registration context for the spans' plan, and, where
+        the spans run from the whole file registered (it fits the budget),
+        that registration, by a read of one page. So the first pass runs as
+        later ones do."""
+        if not self._spans:
+            return
+        span = max(n for _, n, _ in self._spans)
+        whole = _native._prepare(self._path, span, self._device, self._budget, self._strategy)
+        if whole:
+            n = min(mmap.PAGESIZE, self._total)
+            page = _DeviceArray(n, self._device)
+            _native.read_file(
+                self._path, self._start, n, page.ptr, n, self._device, None,
+                self._budget, self._strategy, page, True, False,
+            )
+            # Freed now, not while spans stream (freeing device memory
+            # waits for the device, as cudaFree does).
+            del page
+            _native._reap()
 
     def _next_span(self) -> None:
         """Starts the spans up to ``ahead`` beyond the next one, then waits
@@ -585,6 +617,12 @@ def batches(
     enqueue on any stream afterwards sees the data. Breaking out of the loop
     lets go of the spans not yielded; those still streaming end in the
     background (:func:`release` waits for them and frees the pinned memory).
+
+    The iterator pays its setup when it is made, not in the first pass: the
+    streamer (kept per device, budget and strategy, as :func:`read_into`
+    keeps it), its pinned ring and registration context for the spans' plan,
+    and, where the spans run from the whole file registered (it fits the
+    budget), that registration. A first pass then runs as later ones do.
 
     Returns a :class:`Batches` iterator (also a context manager), whose
     ``reports`` hold each span's :class:`Report`.

@@ -75,9 +75,10 @@ fn torch(out: &mut String, s: &Summary) {
     }
     if let Some(r) = find(s.pytorch_rows, "rows-ring-mt") {
         let mut line = format!(
-            "rows-ring-mt: {} threads filling one PinnedRing reached {:.2} GB/s = {:.2} of the line rate at {:.3} CPU s/GB \
-             ({:.1} ms CPU)",
+            "rows-ring-mt: {} threads filling one PinnedRing (and a reserve thread, which joined in {}) reached \
+             {:.2} GB/s = {:.2} of the line rate at {:.3} CPU s/GB ({:.1} ms CPU)",
             r.note_value("threads").unwrap_or("?"),
+            r.note_value(rows::RESERVE_JOINED).unwrap_or("? rep(s)"),
             r.gbps().median,
             r.fraction(s.line_rate),
             r.cpu_per_gb(),

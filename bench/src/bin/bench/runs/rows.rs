@@ -2,21 +2,25 @@
 //! (1024 rows of 2.5 MiB of float32) sent to the GPU one row at a time, the
 //! ways PyTorch code does it (pageable `i.cuda()`, a fresh pinned buffer per
 //! row with `i.pin_memory()`) and ours (pinned memory allocated or registered
-//! once; several threads filling one shared `PinnedRing`); and PyTorch's own
-//! run of the same, through `bench/torch_rows.py`, where torch is importable.
+//! once; several threads filling one shared `PinnedRing`, with a reserve
+//! thread: [`ring`]); and PyTorch's own run of the same, through
+//! `bench/torch_rows.py`, where torch is importable. The memory anchors of
+//! the start (how fast one thread copies the rows into a slot, and all the
+//! filler threads read them) are measured on the rows themselves.
+
+mod ring;
 
 use crate::checksum;
+use crate::data::MemRates;
 use crate::data::fill_pattern;
 use crate::rawcuda;
 use crate::results::{Intact, Kind, Row, Sample};
 use crate::session::Bench;
 use crate::util::{Fatal, Result};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use wirespeed_bench::cpu;
-use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags, Stream};
+use wirespeed_cuda::{DeviceBuffer, HostRegistration, PinnedBuffer, RegisterFlags};
 use wirespeed_pinned::{PinBudget, PinnedRing};
 
 pub const ROWS: usize = 1024;
@@ -31,7 +35,7 @@ pub fn torch_code(name: &str) -> &'static str {
         "rows-pin-nb" => "i.pin_memory().cuda(non_blocking=True), no cache",
         "rows-pin" => "i.pin_memory().cuda(), no cache",
         "rows-ring" => "(ours) 4-slot pinned ring, allocated once",
-        "rows-ring-mt" => "(ours) N threads into one PinnedRing, 4 slots each",
+        "rows-ring-mt" => "(ours) N threads into one PinnedRing, 4 slots each, + a reserve",
         "rows-registered" => "(ours) whole tensor registered once",
         _ => "",
     }
@@ -61,19 +65,72 @@ pub fn run(b: &mut Bench) -> Result<Vec<Row>> {
     ));
     let mut host = vec![0u8; total].into_boxed_slice();
     fill_rows(&mut host, b.threads);
+    let t0 = Instant::now();
     let expected = checksum::of_host(&host, b.threads);
+    let read_all = total as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+    let anchors = MemRates { read_all, copy_one: copy_rate(&host) };
+    b.progress.note(&format!(
+        "memory anchors of this start, on the rows: {} threads read them at {:.1} GB/s; one thread copies them into \
+         a slot of a row (as a ring thread fills its slots) at {:.1} GB/s ({:.3} CPU s/GB)",
+        b.threads,
+        anchors.read_all / 1e9,
+        anchors.copy_one / 1e9,
+        1e9 / anchors.copy_one.max(1.0)
+    ));
     let dst = DeviceBuffer::<u8>::new(&b.gpu.device, total)?;
     let mut x = Experiment { rows, expected, dst, out: Vec::new() };
     pytorch_ways(b, &mut x, &host);
-    let ring_alloc_ms = ours_pinned(b, &mut x, &host)?;
+    let ours = ours_pinned(b, &mut x, &host)?;
     ours_registered(b, &mut x, host)?;
     if let Some(row) = x.out.iter_mut().find(|r| r.name == "rows-ring-mt") {
-        row.note("threads", b.opts.row_threads.to_string());
-        row.note("ring allocation ms (once, not in wall)", format!("{ring_alloc_ms:.1}"));
-        row.note("cores busy (CPU s / wall s)", format!("{:.1}", row.cores_busy()));
+        note_ring_mt(row, b, &ours, anchors);
     }
     Ok(x.out)
 }
+
+/// Bytes per second one thread copies the rows (their first GiB) into a
+/// buffer of a row, as a ring thread fills its slot.
+fn copy_rate(host: &[u8]) -> f64 {
+    let part = &host[..host.len().min(1 << 30)];
+    let mut slot = vec![0u8; ROW_BYTES];
+    slot.copy_from_slice(&part[..ROW_BYTES.min(part.len())]); // the slot's pages, untimed
+    let t0 = Instant::now();
+    for row in part.chunks(ROW_BYTES) {
+        slot[..row.len()].copy_from_slice(row);
+        std::hint::black_box(&mut slot);
+    }
+    part.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// What rows-ring-mt's notes say: its threads, the ring's allocation, the
+/// cores it kept busy, how often the reserve joined, how long the ring
+/// threads waited for free slots, and the start's memory anchors (read back
+/// by the target's reason: [`ANCHOR_COPY_ONE`], [`ANCHOR_READ_ALL`]).
+fn note_ring_mt(row: &mut Row, b: &Bench, ours: &OursPinned, anchors: MemRates) {
+    row.note("threads", b.opts.row_threads.to_string());
+    row.note("ring allocation ms (once, not in wall)", format!("{:.1}", ours.ring_alloc_ms));
+    row.note("cores busy (CPU s / wall s)", format!("{:.1}", row.cores_busy()));
+    let joined = ours.passes.iter().filter(|p| p.reserve_joined).count();
+    row.note(RESERVE_JOINED, format!("{joined} of {} rep(s)", ours.passes.len()));
+    let mut waits: Vec<f64> = ours.passes.iter().map(|p| p.slot_wait_share).collect();
+    waits.sort_by(f64::total_cmp);
+    if let Some(w) = waits.get(waits.len() / 2) {
+        row.note(SLOT_WAIT, format!("{w:.3}"));
+    }
+    row.note(ANCHOR_COPY_ONE, format!("{:.2}", anchors.copy_one / 1e9));
+    row.note(ANCHOR_READ_ALL, format!("{:.2}", anchors.read_all / 1e9));
+    row.note(ANCHOR_THREADS, b.threads.to_string());
+}
+
+/// rows-ring-mt's notes: in how many repetitions the reserve thread joined.
+pub const RESERVE_JOINED: &str = "reserve thread joined";
+/// The share of the ring threads' time spent waiting for free slots (median rep).
+pub const SLOT_WAIT: &str = "ring threads waiting for free slots (share of their time)";
+/// GB/s one thread copies the rows into a slot (this start's anchor).
+pub const ANCHOR_COPY_ONE: &str = "anchor: one thread copies the rows into a slot, GB/s";
+/// GB/s all the filler threads read the rows (this start's anchor), and how many they are.
+pub const ANCHOR_READ_ALL: &str = "anchor: all filler threads read the rows, GB/s";
+pub const ANCHOR_THREADS: &str = "anchor: filler threads";
 
 /// The rows' bytes in host memory at `i`.
 fn row_range(i: usize) -> Range<usize> {
@@ -180,11 +237,18 @@ fn pytorch_ways(b: &mut Bench, x: &mut Experiment, host: &[u8]) {
     });
 }
 
+/// What rows-ring-mt did beside its samples: the milliseconds its ring took
+/// to allocate, and each repetition's [`ring::Pass`].
+struct OursPinned {
+    ring_alloc_ms: f64,
+    passes: Vec<ring::Pass>,
+}
+
 /// Ours, pinned memory allocated once: a 4-slot ring on one thread, then
 /// several threads each taking the next row into a free slot of one shared
-/// `PinnedRing` and sending it to the row's place. Answers the milliseconds
-/// the shared ring took to allocate.
-fn ours_pinned(b: &mut Bench, x: &mut Experiment, host: &[u8]) -> Result<f64> {
+/// `PinnedRing` and sending it to the row's place, a reserve thread joining
+/// them when they are the bound.
+fn ours_pinned(b: &mut Bench, x: &mut Experiment, host: &[u8]) -> Result<OursPinned> {
     let rows = x.rows;
     let mut slots = Vec::new();
     for _ in 0..4 {
@@ -207,13 +271,17 @@ fn ours_pinned(b: &mut Bench, x: &mut Experiment, host: &[u8]) -> Result<f64> {
     let alloc_ms = t.elapsed().as_secs_f64() * 1e3;
     let what = format!(
         "{n} threads each take the next row, memcpy it into a free slot of one pinned ring ({} slots of a row, \
-         4 per thread, allocated once) and copy it to its place on one stream; the ring's events decide reuse",
-        4 * n
+         4 per thread, allocated once) and copy it to its place on one stream; the ring's events decide reuse; a \
+         reserve thread joins them once they wait for free slots less than {:.0} % of their time",
+        4 * n,
+        ring::ROOM * 100.0
     );
+    let mut passes = Vec::new();
     x.measure(b, "rows-ring-mt", &what, (4 * n * ROW_BYTES) as u64, &mut |b, dst| {
-        ring_rows(&ring, &b.stream, host, dst, rows, n)
+        passes.push(ring::ring_rows(&ring, &b.stream, host, dst, rows, n)?);
+        Ok(())
     });
-    Ok(alloc_ms)
+    Ok(OursPinned { ring_alloc_ms: alloc_ms, passes })
 }
 
 /// Ours: the whole tensor registered once (it owns the memory meanwhile),
@@ -248,58 +316,6 @@ fn ours_registered(b: &mut Bench, x: &mut Experiment, host: Box<[u8]>) -> Result
         row.note("unregister ms", format!("{:.1}", unreg_s * 1e3));
     }
     Ok(())
-}
-
-/// Copies `rows` rows of `host` to their places in `dst` with `threads`
-/// threads through `ring`: each thread takes the next row, copies it into a
-/// free slot (one whose last copy's event completed: the ring decides) and
-/// enqueues the slot's copy on `stream`, one thread at a time (the destination
-/// is shared); then waits for every copy.
-fn ring_rows(
-    ring: &PinnedRing,
-    stream: &Stream,
-    host: &[u8],
-    dst: &mut DeviceBuffer<u8>,
-    rows: usize,
-    threads: usize,
-) -> Result<()> {
-    let next = AtomicUsize::new(0);
-    let stop = AtomicBool::new(false);
-    let dst = Mutex::new(dst);
-    let one = |i: usize| -> Result<()> {
-        let range = i * ROW_BYTES..(i + 1) * ROW_BYTES;
-        let full = ring.acquire()?.copy_from(&host[range.clone()])?;
-        let mut d = dst.lock().unwrap_or_else(PoisonError::into_inner);
-        drop(full.copy_to_device(stream, &mut d.slice_mut(range)?)?); // back to the ring, free once copied
-        Ok(())
-    };
-    let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> Result<()> {
-                    while !stop.load(Ordering::Relaxed) {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= rows {
-                            break;
-                        }
-                        if let Err(e) = one(i) {
-                            stop.store(true, Ordering::Relaxed);
-                            return Err(e);
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Fatal::Run("a row thread panicked".into()))))
-            .collect()
-    });
-    let drained = ring.drain();
-    results.into_iter().collect::<Result<Vec<()>>>()?;
-    drained?;
-    Ok(stream.synchronize()?)
 }
 
 /// PyTorch's own run of the same experiment (`bench/torch_rows.py`): what it
