@@ -100,7 +100,13 @@ use worker::Worker;
 /// It keeps one stream per device, the whole-file registrations it made (so a
 /// second pass over the same file costs no registration) and its pinned ring
 /// (allocated once), all drawn from the budget until
-/// [`Streamer::release_pins`] or drop. Calls are serialized: transfers
+/// [`Streamer::release_pins`] or drop. Windows are registered in the
+/// process's registration context of the first device, which every streamer
+/// shares ([`RegistrationContext::shared`](wirespeed_cuda::RegistrationContext::shared)).
+/// A streamer dropped while the program still holds its budget parks its
+/// ring and that context with the budget, and the next streamer on the
+/// budget takes them up: a program that makes a streamer per file pays for
+/// them once (see [`PinBudget`](crate::PinBudget)). Calls are serialized: transfers
 /// started with [`Streamer::start`] run on a worker thread of the streamer,
 /// in order (those queued back to back as one pass), blocking calls on the
 /// calling thread in between. Dropping the streamer waits for the transfers it started.
@@ -229,7 +235,10 @@ impl Streamer {
     }
 
     /// Drops the cached registrations and the ring (unregistering and freeing
-    /// them, returning their bytes to the budget).
+    /// them, returning their bytes to the budget), and what streamers dropped
+    /// earlier parked with the budget ([`PinBudget::release_parked`]).
+    ///
+    /// [`PinBudget::release_parked`]: crate::PinBudget::release_parked
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -248,6 +257,7 @@ impl Streamer {
     pub fn release_pins(&self) -> Result<()> {
         let (_owner, mut st) = self.shared.enter("Streamer::release_pins")?;
         st.ring = None;
+        self.shared.config.budget.release_parked();
         let mut first = Ok(());
         for r in std::mem::take(&mut st.cache) {
             if let Err(e) = r.release() {
@@ -285,8 +295,10 @@ impl Streamer {
     /// ([`StreamConfig::second_context`]). A streamer keeps both, so only its
     /// first transfer pays for them, and this moves that cost to when you
     /// choose (start-up, say, or another thread: a `Streamer` is `Sync`).
-    /// Returns the plan. Keep one streamer rather than one per file: dropping
-    /// it gives both back, and the next streamer makes them again.
+    /// Returns the plan. A streamer dropped while the program holds its
+    /// budget parks both with the budget for the next streamer on it (see
+    /// [`PinBudget`](crate::PinBudget)); otherwise dropping it gives both
+    /// back.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
