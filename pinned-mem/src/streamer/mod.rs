@@ -74,6 +74,7 @@ mod claims;
 mod config;
 mod ctx;
 mod lanes;
+mod queue;
 mod report;
 mod run;
 mod shared;
@@ -436,11 +437,17 @@ impl Streamer {
     /// ([`Streamer::to_device`], ...) run on the calling thread in between.
     /// Transfers queued back to back run as one pass when they can: once the
     /// running transfer is claimed, its agents go on with the next one (same
-    /// file, a range at or after the last one's end, its
-    /// [`StartOptions::after`] completed) with no drain between them, when the
-    /// strategy streams through windows or the ring (`Auto` for a range larger
-    /// than the budget), without [`StreamConfig::verify`], a progress callback
-    /// or [`CopyStreams`] other than `One`. Each keeps its own handle, event
+    /// file, a range at or after the last one's end, gaps between them
+    /// allowed) with no drain between them, when the strategy streams through
+    /// windows or the ring, without [`StreamConfig::verify`], a progress
+    /// callback or [`CopyStreams`] other than `One`. `Auto` plans such a pass
+    /// for the transfers queued when it starts taken together, as it would
+    /// one range of their total length: pieces that each fit the budget
+    /// stream through windows and the ring when their total does not,
+    /// rather than being registered whole one by one. A transfer whose
+    /// [`StartOptions::after`] has not completed still joins: its copies wait
+    /// for it on the device, once those of the transfers before it are all
+    /// enqueued (theirs never wait for it). Each keeps its own handle, event
     /// and [`Report`] ([`Report::chained`]). The transfer borrows `dst` for as long as the handle lives;
     /// dropping or leaking the handle does not stop the transfer, and `dst`'s
     /// owner stays safe to drop or read: it waits for the transfer (see

@@ -21,7 +21,7 @@ use super::agents::whole::whole_agent;
 use super::agents::windows::{Windows, window_agent};
 use super::cache::{State, drop_overlapping};
 use super::checks::check_budget;
-use super::claims::{Claims, Feed};
+use super::claims::{Claims, Fed, feeds};
 use super::config::CopyStreams;
 use super::ctx::{Ctx, TAIL_SPIN, channel, panic_message, wait_tail};
 use super::lanes::{AgentStreamSet, AgentStreams, join_agents};
@@ -110,9 +110,10 @@ impl Shared {
         self.run_fed(st, file, range, sink, on_msg, None)
     }
 
-    /// As [`Shared::run`], with `feed` adding ranges to the pass while it
+    /// As [`Shared::run`], with `fed` adding ranges to the pass while it
     /// runs when the strategy streams through windows or the ring (see
-    /// `chain.rs`); the report covers the whole pass.
+    /// `chain.rs`), planned (with `Auto`) for `fed`'s length; the report
+    /// covers the whole pass.
     pub(super) fn run_fed<S: Sink>(
         &self,
         st: &mut State,
@@ -120,7 +121,7 @@ impl Shared {
         range: Range<u64>,
         mut sink: S,
         on_msg: impl FnMut(S::Msg) -> Result<()>,
-        feed: Option<&dyn Feed>,
+        fed: Option<Fed<'_>>,
     ) -> Result<(Report, S)> {
         let len = range.end - range.start;
         if len == 0 {
@@ -129,8 +130,8 @@ impl Shared {
             let clock = Clock::start(&self.config.budget);
             return Ok((clock.nothing(strategy, sink.verified()), sink));
         }
-        // Plan.
-        let strategy = self.pick(st, file, &range)?;
+        // Plan (a chained pass for every transfer queued when it starts).
+        let strategy = self.pick(st, file, &range, fed.map_or(len, |f| f.len.max(len)))?;
         let clock = Clock::start(&self.config.budget);
         let stats = Arc::new(PassStats::default());
         // Prepare.
@@ -145,8 +146,7 @@ impl Shared {
         let (mut ctx, windows) = self.ctx(file, len, strategy, stats);
         let agents = Agents::of(strategy, held.whole.and_then(|i| st.cache.get(i)), &held, self.reserve(strategy));
         // Only windows and the ring take ranges added to a running pass.
-        let fed = matches!(strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. });
-        let claims = Claims::new(range, feed.filter(|_| fed));
+        let claims = Claims::new(range, fed.filter(|_| feeds(strategy)).map(|f| f.feed));
         sink.begin(strategy, &windows, &ctx.stats);
         let mut sink = RwLock::new(sink);
         self.run_agents(&mut ctx, &claims, agents, &mut sink, on_msg);

@@ -14,6 +14,7 @@ use wirespeed_cuda::locks::lock;
 use wirespeed_cuda::{Device, Event, EventOptions, RegistrationContext, Stream};
 
 use super::cache::{State, cached, kept};
+use super::claims::feeds;
 use super::config::StreamConfig;
 use super::ctx::inside_callback;
 use super::lanes::AgentStreams;
@@ -221,12 +222,14 @@ impl Shared {
     }
 
     /// The strategy a transfer of `range` of `file` runs: the configured one,
-    /// or what `Auto` picks for it (the kept registration when there is one,
-    /// `O_DIRECT` for a cold range larger than the budget).
+    /// or what `Auto` picks for `len` bytes (the range's length, or a chained
+    /// pass's: see `chain.rs`): the kept registration when there is one of
+    /// the range, `O_DIRECT` for a cold range when `len` is larger than the
+    /// budget.
     ///
     /// # Errors
     /// [`Error::BudgetExceeded`] when no strategy fits the budget.
-    pub(super) fn pick(&self, st: &State, file: &Arc<MappedFile>, range: &Range<u64>) -> Result<Strategy> {
+    pub(super) fn pick(&self, st: &State, file: &Arc<MappedFile>, range: &Range<u64>, len: u64) -> Result<Strategy> {
         let strategy = self.config.strategy.normalized()?;
         if strategy != Strategy::Auto {
             return Ok(strategy);
@@ -234,17 +237,34 @@ impl Shared {
         if cached(st, file, range, self.portable).is_some() {
             return Ok(Strategy::WholeFile);
         }
-        let len = range.end - range.start;
         let avail = self.usable(kept(st));
         let cold = len > avail && {
-            let resident = file.resident_estimate(range.clone()).unwrap_or(len);
-            resident < len / 2
+            let own = range.end - range.start;
+            let resident = file.resident_estimate(range.clone()).unwrap_or(own);
+            resident < own / 2
         };
         plan(len, avail, cpus(), cold).ok_or(Error::BudgetExceeded {
             requested: 2 * (64 << 10),
             available: avail,
             limit: self.config.budget.limit(),
         })
+    }
+
+    /// The plan of a chained pass that starts with `range` of `file`, for
+    /// `len()` bytes (`range`'s and those queued behind it, looked at once the
+    /// streamer is free to plan), when it streams through windows or the
+    /// ring; then answers that length. `None` where a pass would register
+    /// the range whole (or use the registration the streamer keeps): the
+    /// transfer then runs alone.
+    pub(super) fn chain_plan(
+        &self,
+        file: &Arc<MappedFile>,
+        range: &Range<u64>,
+        len: impl FnOnce() -> u64,
+    ) -> Option<u64> {
+        let st = lock(&self.state);
+        let len = len();
+        self.pick(&st, file, range, len).ok().filter(|s| feeds(*s)).map(|_| len)
     }
 
     /// Refuses at once (allocating nothing) a strategy whose pins cannot fit

@@ -67,7 +67,7 @@ pub(in crate::streamer) fn ring_agent<S: Sink>(crew: Crew<'_, S>, agent: RingAge
     let ctx = crew.ctx;
     let mut out = Vec::new();
     while !ctx.aborted() {
-        let claimed = if agent.from_back { crew.claims.back(agent.slot) } else { crew.claims.front(agent.slot) };
+        let claimed = if agent.from_back { crew.back(agent.slot) } else { crew.front(agent.slot) };
         let Some(r) = claimed else { break };
         let slot = ctx.stats.time(Step::SlotWait, || agent.ring.acquire())?;
         ctx.progress(slot.completed_bytes());
