@@ -272,7 +272,10 @@ impl Streamer {
     /// with the budget as it is now (the configured strategy, when not `Auto`).
     /// When nothing fits it answers the smallest ring, which then fails with
     /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
-    /// range larger than the budget gets [`Strategy::Direct`]. Auto's hybrid
+    /// range larger than the budget gets [`Strategy::Direct`], whose reads
+    /// `Auto` takes with `O_DIRECT` or, per file, through the page cache with
+    /// readahead where the file system refuses `O_DIRECT` or those reads prove
+    /// clearly faster ([`Breakdown::buffered_bytes`] says). Auto's hybrid
     /// also keeps [`StreamConfig::reserve_threads`] ring threads in reserve,
     /// which join during a pass once the copy engine shows room
     /// ([`Breakdown::reserve_threads`] says how many did).

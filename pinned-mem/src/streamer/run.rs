@@ -14,6 +14,7 @@ use std::time::Instant;
 use wirespeed_cuda::locks::{lock, write};
 use wirespeed_cuda::{DetachedSliceMut, Event};
 
+use super::agents::cold::ColdReads;
 use super::agents::crew::Crew;
 use super::agents::reserve::{Reserve, ReserveAgent, Running, reserve_agent};
 use super::agents::ring::{Fill, Lane, RingAgent, ring_agent};
@@ -47,6 +48,8 @@ struct Prepared {
     whole: Option<usize>,
     /// The `O_DIRECT` descriptor (direct).
     direct: Option<File>,
+    /// How `Auto`'s direct pass reads the cold file (`O_DIRECT` or buffered).
+    cold: Option<ColdReads>,
     /// The streamer's ring (ring, hybrid, direct).
     ring: Option<PinnedRing>,
 }
@@ -150,8 +153,11 @@ impl Shared {
         sink.begin(strategy, &windows, &ctx.stats);
         let mut sink = RwLock::new(sink);
         self.run_agents(&mut ctx, &claims, agents, &mut sink, on_msg);
-        // Drain, and report.
+        // Drain, remember how a cold file read best, and report.
         self.drain(&ctx, held.ring.as_ref());
+        if let Some((id, way)) = held.cold.as_ref().and_then(ColdReads::learned) {
+            st.cold.put(id, way);
+        }
         clock.report(&ctx, strategy, windows, sink)
     }
 
@@ -184,7 +190,7 @@ impl Shared {
         if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
             drop_overlapping(st, file, range);
         }
-        let mut held = Prepared { whole: None, direct: None, ring: None };
+        let mut held = Prepared { whole: None, direct: None, cold: None, ring: None };
         match strategy {
             Strategy::Auto => return Err(Error::invalid("Streamer", "Auto was not resolved")),
             Strategy::WholeFile => held.whole = Some(self.whole(st, file, range, stats)?),
@@ -202,7 +208,13 @@ impl Shared {
                 held.ring = r;
             }
             Strategy::Direct { .. } => {
-                held.direct = Some(file.open_direct()?);
+                // `Auto` reads a cold file the way chosen for it; a given
+                // strategy reads with `O_DIRECT`.
+                if matches!(self.config.strategy.normalized(), Ok(Strategy::Auto)) {
+                    held.cold = Some(ColdReads::new(file, range, &st.cold)?);
+                } else {
+                    held.direct = Some(file.open_direct()?);
+                }
                 held.ring = stats.time(Step::Setup, || self.ring_of(st, strategy))?;
             }
         }
@@ -469,9 +481,10 @@ impl<'a> Agents<'a> {
         };
         let ring = match (shape, held.ring.as_ref()) {
             (Some((threads, slot, from_back)), Some(ring)) => {
-                let fill = match &held.direct {
-                    Some(f) => Fill::Direct(f),
-                    None => Fill::Copy,
+                let fill = match (&held.direct, &held.cold) {
+                    (Some(f), _) => Fill::Direct(f),
+                    (None, Some(c)) => Fill::Cold(c),
+                    (None, None) => Fill::Copy,
                 };
                 Some(RingCrew { ring, fill, slot, threads, from_back, reserve })
             }
