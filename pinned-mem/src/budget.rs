@@ -24,7 +24,8 @@ use crate::error::{Error, Result};
 /// ([`PinBudget::parked_bytes`] says how many) until a streamer takes them
 /// up, a reservation needs their room (they are freed then, oldest first),
 /// [`PinBudget::release_parked`] or [`Streamer::release_pins`](crate::Streamer::release_pins)
-/// gives them back, or the program's last handle of the budget is dropped.
+/// gives them back, or the program's last handle of the budget is dropped
+/// (a handle forgotten with `mem::forget` keeps them, as it keeps the budget).
 ///
 /// ```
 /// use wirespeed_pinned::PinBudget;

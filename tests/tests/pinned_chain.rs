@@ -65,6 +65,15 @@ fn warm_up(s: &Streamer, file: &Arc<MappedFile>, buf: &mut DeviceBuffer<u8>) {
     s.to_device(file, span(0), buf).unwrap();
 }
 
+/// A streamer of `strategy` within 64 MiB and a buffer per span, after a
+/// first pass ([`warm_up`]).
+fn ready(dev: Device, strategy: Strategy, file: &Arc<MappedFile>) -> (Streamer, Vec<DeviceBuffer<u8>>) {
+    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
+    let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+    warm_up(&s, file, &mut bufs[0]);
+    (s, bufs)
+}
+
 /// Starts a transfer of span `i` into buffer `i` for each buffer, the first
 /// ordered after `mine` behind a gate on it: the pass begins once the
 /// answered sender is used (or dropped).
@@ -99,9 +108,7 @@ fn queued_transfers_run_as_one_pass_each_with_its_own_report() {
     let dev = Device::get(0).unwrap();
     t.set_delay_us(20);
     for strategy in strategies() {
-        let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
-        let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
-        warm_up(&s, &file, &mut bufs[0]);
+        let (s, mut bufs) = ready(dev, strategy, &file);
         let mine = Stream::new(&dev).unwrap();
         let (open, transfers) = start_gated(&s, &file, &mut bufs, &mine);
         open.send(()).unwrap();
@@ -173,9 +180,7 @@ fn a_failed_pass_fails_what_it_wrote_and_runs_the_rest_on_their_own() {
     let (file, data) = data_file(&dir, 34, SPANS * SPAN);
     let dev = Device::get(0).unwrap();
     let strategy = Strategy::Ring { slots: 4, slot: 1 << 20, threads: 1 };
-    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
-    let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
-    warm_up(&s, &file, &mut bufs[0]);
+    let (s, mut bufs) = ready(dev, strategy, &file);
     let mine = Stream::new(&dev).unwrap();
     let (open, transfers) = start_gated(&s, &file, &mut bufs, &mine);
     // Three copies per transfer (slots of 1 MiB, one thread, in order): the
@@ -217,9 +222,7 @@ fn pieces_with_gaps_between_them_run_as_one_pass() {
     let dev = Device::get(0).unwrap();
     t.set_delay_us(20);
     for strategy in strategies() {
-        let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
-        let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
-        warm_up(&s, &file, &mut bufs[0]);
+        let (s, mut bufs) = ready(dev, strategy, &file);
         let mine = Stream::new(&dev).unwrap();
         let open = gate(&mine);
         // Each piece ordered after `mine` (the first held at the gate): the
@@ -251,9 +254,7 @@ fn an_after_that_has_completed_does_not_end_the_chain() {
     let (file, data) = data_file(&dir, 36, SPANS * SPAN);
     let dev = Device::get(0).unwrap();
     let strategy = Strategy::Ring { slots: 4, slot: 128 << 10, threads: 2 };
-    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
-    let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
-    warm_up(&s, &file, &mut bufs[0]);
+    let (s, mut bufs) = ready(dev, strategy, &file);
     let (mine, idle) = (Stream::new(&dev).unwrap(), Stream::new(&dev).unwrap());
     idle.synchronize().unwrap();
     let (head, rest) = bufs.split_at_mut(1);
