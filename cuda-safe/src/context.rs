@@ -21,8 +21,10 @@
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::locks::lock;
 use crate::raw;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use wirespeed_cuda_sys::driver::CUcontext;
 
 /// A second CUDA context on a device, made with the driver API, in which
@@ -126,6 +128,45 @@ impl RegistrationContext {
             });
         }
         Ok(RegistrationContext { raw: c, device: *device, id: NEXT_ID.fetch_add(1, Ordering::Relaxed) })
+    }
+
+    /// The process's registration context on `device`: the one
+    /// [`RegistrationContext::shared`] made earlier if any holder still has
+    /// it, else a new one. Making a context is a driver call that costs far
+    /// more than a registration, and registering is serialized for the whole
+    /// device however many contexts there are, so every user in a process
+    /// can share one per device. The context is destroyed when its last
+    /// holder (an `Arc` or a registration made in it) is gone, and the next
+    /// call makes a new one. A failure is not remembered: the next call tries
+    /// again.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// use std::sync::Arc;
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let a = wirespeed_cuda::RegistrationContext::shared(&dev)?;
+    /// let b = wirespeed_cuda::RegistrationContext::shared(&dev)?;
+    /// assert!(Arc::ptr_eq(&a, &b)); // one context while either holds it
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`RegistrationContext::new`].
+    pub fn shared(device: &Device) -> Result<Arc<RegistrationContext>> {
+        /// The contexts handed out, by device ordinal; held weakly, so that
+        /// this cache keeps none alive.
+        static SHARED: Mutex<Vec<(usize, Weak<RegistrationContext>)>> = Mutex::new(Vec::new());
+        // Made under the lock: threads asking at once get one context.
+        let mut all = lock(&SHARED);
+        all.retain(|(_, w)| w.strong_count() > 0);
+        let live = all.iter().filter(|(d, _)| *d == device.ordinal()).find_map(|(_, w)| w.upgrade());
+        if let Some(c) = live {
+            return Ok(c);
+        }
+        let c = Arc::new(RegistrationContext::new(device)?);
+        all.push((device.ordinal(), Arc::downgrade(&c)));
+        Ok(c)
     }
 
     /// The device it belongs to.

@@ -2,12 +2,30 @@
 //! buffer of this crate draws from one, so a program can never pin more than it
 //! was allowed to. Running out is a clear [`Error::BudgetExceeded`], never a
 //! crash of the machine.
+//!
+//! A budget also holds what streamers leave *parked* with it: a
+//! [`Streamer`](crate::Streamer) dropped while the program still holds its
+//! budget leaves its ring (still drawn from the budget) and its registration
+//! context here, and the next streamer on the budget takes them up instead of
+//! making them again. What is parked gives way to any reservation that needs
+//! its room, and goes with the program's last handle of the budget, or with
+//! [`PinBudget::release_parked`].
 
+use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
 
 /// A limit on pinned (page-locked) bytes, shared by clones (an `Arc` inside).
+///
+/// Streamers dropped while the program holds the budget (a handle besides
+/// their own) park their ring and registration context with it, for the next
+/// streamer on the budget: their bytes stay in [`PinBudget::used`]
+/// ([`PinBudget::parked_bytes`] says how many) until a streamer takes them
+/// up, a reservation needs their room (they are freed then, oldest first),
+/// [`PinBudget::release_parked`] or [`Streamer::release_pins`](crate::Streamer::release_pins)
+/// gives them back, or the program's last handle of the budget is dropped
+/// (a handle forgotten with `mem::forget` keeps them, as it keeps the budget).
 ///
 /// ```
 /// use wirespeed_pinned::PinBudget;
@@ -20,9 +38,12 @@ use crate::error::{Error, Result};
 /// assert_eq!(budget.peak(), 6 << 20);
 /// # Ok::<(), wirespeed_pinned::Error>(())
 /// ```
-#[derive(Clone)]
 pub struct PinBudget {
     inner: Arc<Inner>,
+    /// A handle of the program's (made by `new` or a clone), counted in
+    /// `State::handles`, rather than the one a [`Reservation`] holds: what is
+    /// parked lives while one of these does.
+    held: bool,
 }
 
 struct Inner {
@@ -35,6 +56,41 @@ struct State {
     used: u64,
     peak: u64,
     watches: Vec<Weak<Mutex<u64>>>,
+    /// The program's handles ([`PinBudget::held`]).
+    handles: usize,
+    /// What streamers parked, oldest first.
+    parked: Vec<Parked>,
+}
+
+/// Something a streamer parked, and the bytes it holds drawn from the budget.
+struct Parked {
+    item: Box<dyn Any + Send>,
+    bytes: u64,
+}
+
+impl Clone for PinBudget {
+    /// Another handle of the same budget (the program's: what is parked lives
+    /// while one exists).
+    fn clone(&self) -> Self {
+        lock(&self.inner.state).handles += 1;
+        PinBudget { inner: Arc::clone(&self.inner), held: true }
+    }
+}
+
+impl Drop for PinBudget {
+    /// The program's last handle gives back what is parked: nobody could
+    /// take it up any more.
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let gone = {
+            let mut s = lock(&self.inner.state);
+            s.handles = s.handles.saturating_sub(1);
+            if s.handles == 0 { std::mem::take(&mut s.parked) } else { Vec::new() }
+        };
+        drop(gone); // outside the lock: their reservations give bytes back
+    }
 }
 
 use wirespeed_cuda::locks::lock;
@@ -46,6 +102,7 @@ impl std::fmt::Debug for PinBudget {
             .field("limit", &self.inner.limit)
             .field("used", &s.used)
             .field("peak", &s.peak)
+            .field("parked", &s.parked.iter().map(|p| p.bytes).sum::<u64>())
             .finish()
     }
 }
@@ -58,7 +115,8 @@ impl PinBudget {
     /// assert_eq!(b.limit(), 1 << 30);
     /// ```
     pub fn new(limit_bytes: u64) -> PinBudget {
-        PinBudget { inner: Arc::new(Inner { limit: limit_bytes, state: Mutex::new(State::default()) }) }
+        let state = State { handles: 1, ..State::default() };
+        PinBudget { inner: Arc::new(Inner { limit: limit_bytes, state: Mutex::new(state) }), held: true }
     }
 
     /// A budget without a limit (it still counts `used` and `peak`).
@@ -130,7 +188,9 @@ impl PinBudget {
     }
 
     /// Draws `bytes` from the budget until the returned [`Reservation`] is dropped.
-    /// Use it to account for pinned memory made outside this crate.
+    /// Use it to account for pinned memory made outside this crate. Where
+    /// the budget falls short, what streamers parked with it is freed first,
+    /// oldest first, as far as that makes room.
     ///
     /// ```
     /// let b = wirespeed_pinned::PinBudget::new(100);
@@ -143,6 +203,14 @@ impl PinBudget {
     /// # Errors
     /// [`Error::BudgetExceeded`] with what was asked, what is left and the limit.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation> {
+        match self.try_reserve(bytes) {
+            Err(Error::BudgetExceeded { .. }) if self.reclaim(bytes) => self.try_reserve(bytes),
+            r => r,
+        }
+    }
+
+    /// [`PinBudget::reserve`] without freeing what is parked.
+    fn try_reserve(&self, bytes: u64) -> Result<Reservation> {
         let mut s = lock(&self.inner.state);
         let available = self.inner.limit.saturating_sub(s.used);
         if bytes > available {
@@ -159,7 +227,92 @@ impl PinBudget {
             }
             None => false,
         });
-        Ok(Reservation { budget: self.clone(), bytes })
+        Ok(Reservation { budget: PinBudget { inner: Arc::clone(&self.inner), held: false }, bytes })
+    }
+
+    /// Bytes held by what streamers parked with the budget (counted in
+    /// [`PinBudget::used`]).
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy, Streamer};
+    /// let budget = PinBudget::new(512 << 20);
+    /// let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, budget.clone()))?;
+    /// s.prepare(4 << 30)?; // makes its ring
+    /// drop(s); // the program still holds the budget: the ring is parked with it
+    /// assert!(budget.parked_bytes() > 0);
+    /// assert_eq!(budget.used(), budget.parked_bytes());
+    /// # Ok(()) }
+    /// ```
+    pub fn parked_bytes(&self) -> u64 {
+        lock(&self.inner.state).parked.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Gives back everything streamers parked with the budget: their rings
+    /// are freed (their bytes return to the budget) and their registration
+    /// contexts let go of.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy, Streamer};
+    /// let budget = PinBudget::new(512 << 20);
+    /// let s = Streamer::new(&[wirespeed_cuda::Device::get(0)?], StreamConfig::new(Strategy::Auto, budget.clone()))?;
+    /// s.prepare(4 << 30)?;
+    /// drop(s);
+    /// budget.release_parked();
+    /// assert_eq!(budget.used(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn release_parked(&self) {
+        let gone = std::mem::take(&mut lock(&self.inner.state).parked);
+        drop(gone); // outside the lock
+    }
+
+    /// Parks `item`, which holds `bytes` drawn from this budget, for a later
+    /// streamer on it; dropped at once where the program holds no handle of
+    /// the budget any more.
+    pub(crate) fn park(&self, item: Box<dyn Any + Send>, bytes: u64) {
+        let mut s = lock(&self.inner.state);
+        if s.handles == 0 {
+            drop(s);
+            drop(item);
+            return;
+        }
+        s.parked.push(Parked { item, bytes });
+    }
+
+    /// Takes back the newest parked `T` that `fits`.
+    pub(crate) fn take_parked<T: Any>(&self, fits: impl Fn(&T) -> bool) -> Option<T> {
+        let mut s = lock(&self.inner.state);
+        let i = s.parked.iter().rposition(|p| p.item.downcast_ref::<T>().is_some_and(&fits))?;
+        s.parked.remove(i).item.downcast::<T>().ok().map(|b| *b)
+    }
+
+    /// Frees parked items that hold bytes, oldest first, until `bytes` are
+    /// available (or none is left); true when it freed something.
+    pub(crate) fn reclaim(&self, bytes: u64) -> bool {
+        let gone: Vec<Parked> = {
+            let mut s = lock(&self.inner.state);
+            let short = bytes.saturating_sub(self.inner.limit.saturating_sub(s.used));
+            let mut freed = 0u64;
+            let mut gone = Vec::new();
+            let mut i = 0;
+            while freed < short && i < s.parked.len() {
+                if s.parked[i].bytes == 0 {
+                    i += 1;
+                    continue;
+                }
+                let p = s.parked.remove(i);
+                freed = freed.saturating_add(p.bytes);
+                gone.push(p);
+            }
+            gone
+        };
+        let any = !gone.is_empty();
+        drop(gone); // outside the lock: their reservations give bytes back
+        any
     }
 
     /// True when both handles share one budget.

@@ -67,7 +67,11 @@ pub enum Strategy {
     /// For files not in the page cache: `threads` threads read with `O_DIRECT`
     /// straight into `slots` aligned pinned slots of `slot` bytes (rounded up to
     /// 4 KiB). Fails with [`Error::DirectUnsupported`] where the file system
-    /// refuses `O_DIRECT` (tmpfs).
+    /// refuses `O_DIRECT` (tmpfs). When [`Strategy::Auto`] plans it for a cold
+    /// range, it reads each file the way chosen for it: `O_DIRECT`, or
+    /// through the page cache with readahead where the file system refuses
+    /// `O_DIRECT` or those reads prove clearly faster
+    /// ([`Breakdown::buffered_bytes`](crate::Breakdown::buffered_bytes)).
     Direct {
         /// Number of slots.
         slots: usize,

@@ -237,6 +237,7 @@ const CASES: &[Case] = &[
             s.to_device(&f, 777..5777, &mut dst).unwrap();
             assert_eq!(dst.to_vec().unwrap(), &data[777..5777]);
             drop((s, dst));
+            budget.release_parked(); // what the dropped streamer parked with it
             assert_eq!(budget.used(), 0);
             Got::Works(format!("bytes {range:?} pinned as pages {pages:?}, copied exactly"))
         },
@@ -289,6 +290,7 @@ const CASES: &[Case] = &[
             let mut dst = DeviceBuffer::<u8>::new(&dev(), LEN).unwrap();
             let e = s.to_device(&f, 0..LEN as u64, &mut dst).unwrap_err();
             drop(s);
+            budget.release_parked(); // what the dropped streamer parked with it
             assert_eq!(budget.used(), 0);
             e.into()
         },
@@ -350,6 +352,7 @@ const CASES: &[Case] = &[
                 let e = s.to_device(&f, 0..LEN as u64, &mut dst).unwrap_err();
                 assert!(matches!(e, Error::FileChanged { .. }), "{strategy}: {e}");
                 drop(s);
+                budget.release_parked(); // what the dropped streamer parked with it
                 assert_eq!(budget.used(), 0, "{strategy}");
                 last = Some(e);
             }
@@ -434,6 +437,7 @@ const CASES: &[Case] = &[
             let mut dst = DeviceBuffer::<u8>::new(&dev(), LEN).unwrap();
             let e = s.to_device(&f, 0..LEN as u64, &mut dst).unwrap_err();
             drop(s);
+            budget.release_parked(); // what the dropped streamer parked with it
             assert_eq!(budget.used(), 0);
             e.into()
         },

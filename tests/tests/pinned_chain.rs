@@ -1,9 +1,12 @@
 //! Transfers queued back to back on one streamer run as one pass: the agents
-//! go on from one transfer to the next with no drain between them, each
-//! transfer still gets its own data, event and report, and a transfer that
-//! cannot join (another file, a range behind the last one, an `after` not
-//! completed) runs in the next pass as it would have. A pass that fails fails
-//! the transfers it wrote to, and those it had not touched run on their own.
+//! go on from one transfer to the next with no drain between them (also
+//! over gaps between the ranges), each transfer still gets its own data,
+//! event and report, a transfer whose `after` has not completed joins and
+//! waits for it on the device, and a transfer that cannot join (another
+//! file, a range behind the last one) runs in the next pass as it would
+//! have. `Auto` plans the pass for the queued total, not piece by piece. A
+//! pass that fails fails the transfers it wrote to, and those it had not
+//! touched run on their own.
 //!
 //! Each test first holds the streamer's pass behind a gate (a host function
 //! on the caller's stream that the first transfer is ordered after), so that
@@ -19,6 +22,8 @@ use wirespeed_pinned::{
     Error, MappedFile, PinBudget, Report, StartOptions, Strategy, StreamConfig, Streamer, Transfer,
 };
 use wirespeed_tests::{TempDir, Watchdog, open_mapped, start, start_emulated, write_pattern_file};
+
+use std::ops::Range;
 
 /// Bytes per transfer: more than any strategy below keeps in flight, and
 /// not a multiple of a window, a slot or a page.
@@ -60,6 +65,15 @@ fn warm_up(s: &Streamer, file: &Arc<MappedFile>, buf: &mut DeviceBuffer<u8>) {
     s.to_device(file, span(0), buf).unwrap();
 }
 
+/// A streamer of `strategy` within 64 MiB and a buffer per span, after a
+/// first pass ([`warm_up`]).
+fn ready(dev: Device, strategy: Strategy, file: &Arc<MappedFile>) -> (Streamer, Vec<DeviceBuffer<u8>>) {
+    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
+    let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+    warm_up(&s, file, &mut bufs[0]);
+    (s, bufs)
+}
+
 /// Starts a transfer of span `i` into buffer `i` for each buffer, the first
 /// ordered after `mine` behind a gate on it: the pass begins once the
 /// answered sender is used (or dropped).
@@ -94,9 +108,7 @@ fn queued_transfers_run_as_one_pass_each_with_its_own_report() {
     let dev = Device::get(0).unwrap();
     t.set_delay_us(20);
     for strategy in strategies() {
-        let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
-        let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
-        warm_up(&s, &file, &mut bufs[0]);
+        let (s, mut bufs) = ready(dev, strategy, &file);
         let mine = Stream::new(&dev).unwrap();
         let (open, transfers) = start_gated(&s, &file, &mut bufs, &mine);
         open.send(()).unwrap();
@@ -138,16 +150,18 @@ fn a_transfer_that_cannot_join_runs_in_the_next_pass() {
     let t1 = s.start(&f1, span(2), b1).unwrap(); // joins
     let t2 = s.start(&f2, span(0), b2).unwrap(); // another file: the next pass
     let t3 = s.start(&f1, span(0), b3).unwrap(); // behind the last range: the next pass
-    let t4 = s.start_with(&f1, span(1), b4, StartOptions::new().after(&later)).unwrap(); // not completed
+    // Not completed: it joins t3's pass and waits for `later` on the device,
+    // once t3's copies are all enqueued (so that they do not wait for it).
+    let t4 = s.start_with(&f1, span(1), b4, StartOptions::new().after(&later)).unwrap();
     let t5 = s.start(&f1, span(3), b5).unwrap();
     open.send(()).unwrap();
     let (r0, r1, r2, r3) = (t0.wait().unwrap(), t1.wait().unwrap(), t2.wait().unwrap(), t3.wait().unwrap());
     assert!(!r0.chained && r1.chained && !r2.chained && !r3.chained, "{r0}\n{r1}\n{r2}\n{r3}");
-    // t4 waits for the later gate in a pass of its own, t5 may join it.
+    // t3 ended while `later` was held: t4 cannot have.
+    assert!(!t4.is_done() && !t5.is_done());
     open_later.send(()).unwrap();
     let (r4, r5) = (t4.wait().unwrap(), t5.wait().unwrap());
-    assert!(!r4.chained, "{r4}");
-    let _ = r5;
+    assert!(r4.chained && r5.chained, "{r4}\n{r5}");
     let want =
         [&d1[SPAN..2 * SPAN], &d1[2 * SPAN..3 * SPAN], &d2[..], &d1[..SPAN], &d1[SPAN..2 * SPAN], &d1[3 * SPAN..]];
     for (i, (b, w)) in bufs.iter().zip(want).enumerate() {
@@ -166,9 +180,7 @@ fn a_failed_pass_fails_what_it_wrote_and_runs_the_rest_on_their_own() {
     let (file, data) = data_file(&dir, 34, SPANS * SPAN);
     let dev = Device::get(0).unwrap();
     let strategy = Strategy::Ring { slots: 4, slot: 1 << 20, threads: 1 };
-    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(64 << 20))).unwrap();
-    let mut bufs: Vec<DeviceBuffer<u8>> = (0..SPANS).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
-    warm_up(&s, &file, &mut bufs[0]);
+    let (s, mut bufs) = ready(dev, strategy, &file);
     let mine = Stream::new(&dev).unwrap();
     let (open, transfers) = start_gated(&s, &file, &mut bufs, &mine);
     // Three copies per transfer (slots of 1 MiB, one thread, in order): the
@@ -191,5 +203,118 @@ fn a_failed_pass_fails_what_it_wrote_and_runs_the_rest_on_their_own() {
         assert!(bufs[i].to_vec().unwrap() == data[i * SPAN..(i + 1) * SPAN], "transfer {i}'s data");
     }
     drop((s, bufs, mine));
+    t.assert_clean();
+}
+
+/// Piece `i` of `n` with a gap of `gap` bytes before each one after the first.
+fn piece(i: usize, gap: usize) -> Range<u64> {
+    let at = (i * (SPAN + gap)) as u64;
+    at..at + SPAN as u64
+}
+
+#[test]
+fn pieces_with_gaps_between_them_run_as_one_pass() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-gaps");
+    const GAP: usize = 300_001;
+    let (file, data) = data_file(&dir, 35, SPANS * (SPAN + GAP));
+    let dev = Device::get(0).unwrap();
+    t.set_delay_us(20);
+    for strategy in strategies() {
+        let (s, mut bufs) = ready(dev, strategy, &file);
+        let mine = Stream::new(&dev).unwrap();
+        let open = gate(&mine);
+        // Each piece ordered after `mine` (the first held at the gate): the
+        // later ones' `after` has not completed when they join, either.
+        let transfers: Vec<Transfer<'_>> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| s.start_with(&file, piece(i, GAP), b, StartOptions::new().after(&mine)).unwrap())
+            .collect();
+        open.send(()).unwrap();
+        for (i, tr) in transfers.into_iter().enumerate() {
+            let r = tr.wait().unwrap();
+            assert_eq!((r.bytes, r.chained), (SPAN as u64, i > 0), "{strategy}: piece {i}: {r}");
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            let r = piece(i, GAP);
+            assert!(b.to_vec().unwrap() == data[r.start as usize..r.end as usize], "{strategy}: piece {i}'s data");
+        }
+        drop((s, mine));
+    }
+    t.assert_clean();
+}
+
+#[test]
+fn an_after_that_has_completed_does_not_end_the_chain() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-after-done");
+    let (file, data) = data_file(&dir, 36, SPANS * SPAN);
+    let dev = Device::get(0).unwrap();
+    let strategy = Strategy::Ring { slots: 4, slot: 128 << 10, threads: 2 };
+    let (s, mut bufs) = ready(dev, strategy, &file);
+    let (mine, idle) = (Stream::new(&dev).unwrap(), Stream::new(&dev).unwrap());
+    idle.synchronize().unwrap();
+    let (head, rest) = bufs.split_at_mut(1);
+    let (open, mut transfers) = start_gated(&s, &file, head, &mine);
+    for (i, b) in rest.iter_mut().enumerate() {
+        // Ordered after a stream with nothing on it: its event completes at once.
+        transfers.push(s.start_with(&file, span(i + 1), b, StartOptions::new().after(&idle)).unwrap());
+    }
+    open.send(()).unwrap();
+    for (i, tr) in transfers.into_iter().enumerate() {
+        let r = tr.wait().unwrap();
+        assert_eq!(r.chained, i > 0, "transfer {i}: {r}");
+    }
+    for (i, b) in bufs.iter().enumerate() {
+        assert!(b.to_vec().unwrap() == data[i * SPAN..(i + 1) * SPAN], "transfer {i}'s data");
+    }
+    drop((s, bufs, mine, idle));
+    t.assert_clean();
+}
+
+/// With `Auto`, pieces that each fit the budget, queued back to back, run as
+/// one pass planned for their total: streamed, not each registered whole.
+#[test]
+fn auto_plans_a_chain_for_its_queued_total() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-auto");
+    const PIECES: usize = 8;
+    let (file, data) = data_file(&dir, 37, PIECES * SPAN);
+    let (other, other_data) = data_file(&dir, 38, 4096);
+    let dev = Device::get(0).unwrap();
+    // Each piece fits, their total does not.
+    let budget = PinBudget::new(12 << 20);
+    let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, budget.clone())).unwrap();
+    assert_eq!(s.resolve(SPAN as u64), Strategy::WholeFile, "a piece alone would be registered whole");
+    let planned = s.resolve((PIECES * SPAN) as u64);
+    assert_ne!(planned, Strategy::WholeFile);
+    s.prepare((PIECES * SPAN) as u64).unwrap(); // its ring, before the gate holds a stream
+    // A transfer of another file holds the worker at a gate while the
+    // pieces are queued: the pass that takes them up sees them all.
+    let mine = Stream::new(&dev).unwrap();
+    let mut first = DeviceBuffer::<u8>::new(&dev, 4096).unwrap();
+    let open = gate(&mine);
+    let held = s.start_with(&other, 0..4096, &mut first, StartOptions::new().after(&mine)).unwrap();
+    let mut bufs: Vec<DeviceBuffer<u8>> = (0..PIECES).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+    let transfers: Vec<Transfer<'_>> =
+        bufs.iter_mut().enumerate().map(|(i, b)| s.start(&file, span(i), b).unwrap()).collect();
+    open.send(()).unwrap();
+    assert_eq!(held.wait().unwrap().strategy, Strategy::WholeFile);
+    for (i, tr) in transfers.into_iter().enumerate() {
+        let r = tr.wait().unwrap();
+        assert_eq!((r.strategy, r.chained), (planned, i > 0), "piece {i}: {r}");
+    }
+    for (i, b) in bufs.iter().enumerate() {
+        assert!(b.to_vec().unwrap() == data[i * SPAN..(i + 1) * SPAN], "piece {i}'s data");
+    }
+    assert_eq!(first.to_vec().unwrap(), other_data);
+    // Nothing of the file is kept registered: the pieces streamed.
+    let ring = planned.pinned_bytes(0).unwrap_or(0);
+    assert!(s.kept_pinned_bytes() <= ring + (8 << 10), "{} kept", s.kept_pinned_bytes());
+    drop((s, bufs, first, mine, budget));
     t.assert_clean();
 }

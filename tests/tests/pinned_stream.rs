@@ -163,8 +163,10 @@ fn auto_hybrid_reserve_joins_when_the_copy_engine_has_room() {
         }
         assert_eq!(r.breakdown.to_string().contains("a reserve thread joined"), joined == 1, "{r}");
         drop((s, dst));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -200,9 +202,11 @@ fn every_strategy_moves_a_file_exactly() {
         check_report(&r, strategy, part.end - part.start, &budget);
         assert!(small.to_vec().unwrap() == data[part.start as usize..part.end as usize], "{strategy}: part differs");
         drop((s, dst, small));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0, "{strategy}: everything given back");
         t.assert_clean();
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -240,7 +244,9 @@ fn prepare_makes_the_ring_and_the_context_before_the_first_transfer() {
     s.prepare(len as u64).unwrap();
     assert_eq!(budget.used(), used);
     drop((s, dst));
+    budget.release_parked(); // what the dropped streamer parked with it
     assert_eq!(budget.used(), 0);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -270,6 +276,7 @@ fn auto_picks_from_the_budget() {
         assert!(r.peak_pinned <= limit);
         assert!(dst.to_vec().unwrap() == data, "{resolved}: data differs");
         drop((s, dst));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
     // Nothing fits: a clear error, nothing left.
@@ -278,6 +285,7 @@ fn auto_picks_from_the_budget() {
     let mut dst = DeviceBuffer::<u8>::new(&dev, len).unwrap();
     assert!(matches!(s.to_device(&file, 0..len as u64, &mut dst), Err(Error::BudgetExceeded { .. })));
     drop((s, dst));
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -297,6 +305,7 @@ fn to_devices_with_one_device() {
         assert!(dsts[0].to_vec().unwrap() == data, "{strategy}");
         drop((s, dsts));
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -336,6 +345,7 @@ fn two_devices(t: &Ctx) {
         .unwrap();
         assert_eq!(seen.lock().unwrap().len(), LEN.div_ceil(300_000));
         drop((s, dsts, one));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
         t.assert_clean();
     }
@@ -413,8 +423,10 @@ fn to_scratch_writes_around() {
         assert_eq!(r.bytes, 100);
         assert_eq!(&scratch.to_vec().unwrap()[..100], &data[100..200]);
         drop((s, scratch));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -452,8 +464,10 @@ fn for_each_chunk_hands_every_chunk_once() {
         }
         assert_eq!(at, range.end);
         drop(s);
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -477,8 +491,10 @@ fn a_callback_error_stops_the_transfer() {
             other => panic!("{strategy}: {other:?}"),
         }
         drop(s);
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -529,6 +545,7 @@ fn reentrant_calls_are_refused() {
         );
         drop((s, dst));
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -572,6 +589,7 @@ fn nested_streamers_refuse_calls_back_into_an_outer_one() {
     assert!(!seen.is_empty());
     assert!(seen.iter().all(|r| r.as_ref().is_err_and(|e| e.contains("inside a callback"))), "{seen:?}");
     drop((a, b, dst));
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -617,8 +635,10 @@ fn verify_mode_confirms_and_detects_changes() {
             drop(s);
         }
         drop(dst);
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -650,6 +670,7 @@ fn progress_reports_every_byte() {
         assert_eq!(sorted.len(), calls.len(), "{strategy}: done only grows");
         drop((s, dst));
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -694,8 +715,10 @@ fn a_panicking_progress_callback_is_an_error() {
         assert_eq!(r.bytes, LEN as u64);
         assert!(dst.to_vec().unwrap() == data, "{strategy}");
         drop((s, dst));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0, "{strategy}");
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -732,6 +755,7 @@ fn a_second_pass_reuses_the_registration() {
         assert_eq!((budget.used(), s.kept_pinned_bytes()), (0, 0));
         drop((s, dst, part));
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -754,7 +778,9 @@ fn a_kept_registration_checks_the_file_again() {
     let e = s.to_device(&file, 0..LEN as u64, &mut dst).unwrap_err();
     assert!(matches!(e, Error::FileChanged { .. }), "{e}");
     drop((s, dst));
+    budget.release_parked(); // what the dropped streamer parked with it
     assert_eq!(budget.used(), 0);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -780,6 +806,7 @@ fn consecutive_pieces_do_not_overlap_the_kept_registration() {
         assert!(first.to_vec().unwrap() == data[..1_000_000], "{strategy}");
         assert!(second.to_vec().unwrap() == data[1_000_000..2_000_000], "{strategy}");
         drop((s, first, second));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
     t.assert_clean();
@@ -804,7 +831,9 @@ fn cached_pins_make_room_for_other_work() {
     assert!(dst.to_vec().unwrap() == db);
     assert!(budget.used() <= 8 << 20);
     drop((s, dst));
+    budget.release_parked(); // what the dropped streamer parked with it
     assert_eq!(budget.used(), 0);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -832,8 +861,10 @@ fn budget_errors_are_clean() {
         }
         assert_eq!(budget.used(), 0, "{strategy}");
         drop((s, dst));
+        budget.release_parked(); // what the dropped streamer parked with it
         t.assert_clean();
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -860,7 +891,9 @@ fn argument_errors() {
     let r = s.to_device(&file, 500..500, &mut empty).unwrap();
     assert_eq!((r.bytes, r.registrations), (0, 0));
     drop((s, dst, empty));
+    budget.release_parked(); // what the dropped streamer parked with it
     assert_eq!(budget.used(), 0);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -884,6 +917,7 @@ fn mlock_while_streaming() {
         }
         drop((s, dst));
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -913,6 +947,7 @@ fn direct_is_refused_clearly_without_o_direct() {
     drop((s, dst, file));
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(budget.used(), 0);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -983,6 +1018,9 @@ fn windows_use_a_second_context_and_fall_back_to_the_primary_one() {
     let report = run(StreamConfig::new(Strategy::Ring { slots: 4, slot: 64 << 10, threads: 2 }, budget.clone()));
     assert_eq!(report.windows, WindowContext::None);
     if t.emulated() {
+        // The context the streamers above shared is parked with the budget:
+        // let it go, so that the next streamer has to make one.
+        budget.release_parked();
         t.emu().fail_context_creation(Some(46));
         let report = run(StreamConfig::new(Strategy::Windows { window: 256 << 10, in_flight: 2 }, budget.clone()));
         t.emu().fail_context_creation(None);
@@ -992,6 +1030,7 @@ fn windows_use_a_second_context_and_fall_back_to_the_primary_one() {
         );
     }
     assert_eq!(budget.used(), 0);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -1040,7 +1079,9 @@ fn a_live_user_pin_coexists_with_every_strategy() {
     stream.copy_to_device(&held.source(), &mut back).unwrap().wait().unwrap();
     assert_eq!(back.to_vec().unwrap(), &data[300_001..900_003]);
     drop((held, back, stream));
+    budget.release_parked(); // what the dropped streamers parked with it
     assert_eq!((budget.used(), mine.used()), (0, 0));
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -1066,6 +1107,7 @@ fn verify_runs_the_plan_resolve_reported() {
     assert_ne!(planned, Strategy::WholeFile);
     assert_eq!(report.verified, Some(true));
     drop((s, dst));
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -1098,9 +1140,11 @@ fn direct_with_small_slots_moves_a_file_exactly() {
         direct_ok(strategy, s.to_device(&file, 12_345..212_346, &mut part)).unwrap();
         assert!(part.to_vec().unwrap() == data[12_345..212_346], "{strategy}: part differs");
         drop((s, dst, part));
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
     drop(file);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -1127,8 +1171,10 @@ fn ring_slots_are_page_aligned_and_budgeted() {
         }
         drop(held);
         drop(ring);
+        budget.release_parked(); // what the dropped streamer parked with it
         assert_eq!(budget.used(), 0);
     }
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }
 
@@ -1166,6 +1212,8 @@ fn ring_agents_copy_on_one_stream_their_own_or_one_each() {
         }
     }
     t.set_delay_us(0);
+    budget.release_parked(); // what the dropped streamers parked with it
     assert_eq!(budget.used(), 0);
+    drop(budget); // its last handle: nothing stays parked with it
     t.assert_clean();
 }

@@ -1,11 +1,12 @@
 //! What the streamer keeps between calls: its whole-file registrations (least
-//! recently used first) and its ring, how much they pin, finding and dropping
+//! recently used first), its ring, how it reads each cold file, how much they pin, finding and dropping
 //! cached registrations (`Shared::make_room` gives them back to make room
 //! in the budget).
 
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::agents::cold::ColdMemo;
 use crate::mapping::MappedFile;
 use crate::range::PinnedRange;
 use crate::ring::PinnedRing;
@@ -16,6 +17,8 @@ pub(super) struct State {
     /// Whole-file registrations, least recently used first.
     pub(super) cache: Vec<PinnedRange>,
     pub(super) ring: Option<PinnedRing>,
+    /// How each cold file probed so far is read.
+    pub(super) cold: ColdMemo,
 }
 
 pub(super) fn kept(st: &State) -> u64 {

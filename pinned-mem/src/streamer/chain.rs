@@ -4,19 +4,30 @@
 //! registered while the ring alone copies, at the end the ring alone copies
 //! the last windows' worth, and then the worker waits for the last copies
 //! before it starts the next transfer's agents. Transfers queued one after
-//! the other (the Python batch iterator's spans, a loader's slabs) would pay
-//! both ramps each time. So when the worker runs a transfer, the pass takes
-//! the transfers queued behind it as it goes ([`Feed`]): once the agents have
-//! claimed the current one, they go on with the next, the window agent from
-//! its front while the ring agents finish the one before, and the copy
-//! engine never waits between them.
+//! the other (the Python batch iterator's spans, a loader's slabs, a
+//! shuffle's pieces) would pay both ramps each time. So when the worker runs
+//! a transfer, the pass takes the transfers queued behind it as it goes
+//! ([`Feed`]): once the agents have claimed the current one, they go on with
+//! the next, the window agent from its front while the ring agents finish
+//! the one before, and the copy engine never waits between them.
 //!
-//! A queued transfer joins the running pass only when nothing would make it
-//! wait: it reads the same mapping at or after the end of the one before,
-//! what it must follow (`StartOptions::after`) has completed, and no earlier
-//! writer still holds its destination. Otherwise it ends the chain, and runs
-//! in the next pass as it would have. Each transfer keeps its own handle:
-//! its event is recorded once its last copy is enqueued
+//! The pass is planned for the run of transfers queued when it starts, as
+//! `Auto` would plan one range of their total length ([`chain_len`]):
+//! pieces that would each fit the budget, and be registered whole one by
+//! one, stream through windows and the ring together when their total does
+//! not.
+//!
+//! A queued transfer joins the running pass when it reads the same mapping
+//! at or after the end of the one before (gaps between them are fine, each
+//! has its own destination) and no earlier writer still holds its
+//! destination. What it must follow (`StartOptions::after`) does not end the
+//! chain: when that has completed there is nothing to wait for; otherwise
+//! its range waits behind a [`Gate`] until every copy of the transfers before
+//! it is enqueued, and then the streamer's stream waits for it on the device
+//! (so that no copy of theirs waits for it too) and the gate opens. A
+//! transfer that cannot join ends the chain, and runs in the next pass as it
+//! would have. Each transfer keeps its own handle: its event is recorded
+//! once its last copy is enqueued
 //! ([`Transfer::then_on`](super::Transfer::then_on)), its destination
 //! released then, and its [`Report`] given once its copies completed, while
 //! the pass goes on with the next. If the pass fails, the transfers it had
@@ -24,16 +35,16 @@
 //! their own.
 
 use std::ops::Range;
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use wirespeed_cuda::locks::lock;
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
-use super::claims::Feed;
-use super::config::{CopyStreams, StreamConfig};
+use super::claims::{Fed, Feed, Gate};
+use super::config::CopyStreams;
 use super::ctx::{TAIL_SPIN, wait_tail};
+use super::queue::JobQueue;
 use super::report::{Breakdown, Report, WindowContext};
 use super::shared::Shared;
 use super::sink::{Sink, Slicer};
@@ -66,12 +77,19 @@ struct Segment {
     /// Its handle was told how it ended (or it went back to the queue).
     finished: bool,
     chained: bool,
+    /// What it must follow, until the streamer's stream waits for it (or
+    /// it has completed).
+    after: Option<Event>,
+    /// Its range waits behind it until that wait is enqueued.
+    gate: Option<Arc<Gate>>,
+    /// Why enqueueing that wait failed: none of its copies may be enqueued.
+    blocked: Option<String>,
 }
 
 impl Segment {
     fn new(job: Job, chained: bool, budget: &crate::PinBudget, counts0: (u64, Breakdown)) -> Segment {
         let (registrations0, stats0) = counts0;
-        let Job { file: _, range, dst, stream, after: _, state } = job;
+        let Job { file: _, range, dst, stream, after, state } = job;
         Segment {
             left: range.end - range.start,
             range,
@@ -85,6 +103,9 @@ impl Segment {
             watch: budget.watch(),
             finished: false,
             chained,
+            after,
+            gate: None,
+            blocked: None,
         }
     }
 
@@ -107,7 +128,9 @@ impl Drop for Segment {
 /// more come from.
 pub(super) struct Chain<'q> {
     file: Arc<MappedFile>,
-    queue: &'q Mutex<Receiver<Job>>,
+    queue: &'q Mutex<JobQueue>,
+    /// The streamer's streams (a gated transfer's wait goes on its own).
+    streams: &'q [Stream],
     budget: &'q crate::PinBudget,
     segments: Mutex<Vec<Segment>>,
     /// The job taken from the queue that could not join: it runs next.
@@ -127,26 +150,63 @@ impl Chain<'_> {
         Arc::ptr_eq(&job.file, &self.file)
             && job.range.start >= end
             && job.range.start < job.range.end
-            && job.after.as_ref().is_none_or(|ev| ev.query().unwrap_or(false))
             && job.dst.is_settled()
     }
 }
 
 impl Feed for Chain<'_> {
-    fn next_range(&self, end: u64) -> Option<Range<u64>> {
+    fn next_range(&self, end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
         let mut leftover = lock(&self.leftover);
         if leftover.is_some() {
             return None;
         }
-        let job = lock(self.queue).try_recv().ok()?;
+        let job = lock(self.queue).try_next()?;
         if !self.joins(&job, end) {
             *leftover = Some(job);
             return None;
         }
         let range = job.range.clone();
-        let seg = Segment::new(job, true, self.budget, self.counts());
-        lock(&self.segments).push(seg);
-        Some(range)
+        let mut seg = Segment::new(job, true, self.budget, self.counts());
+        // What it must follow: nothing to wait for once it has completed;
+        // else its range waits behind a gate (see `open_ready`).
+        if seg.after.as_ref().is_some_and(|ev| ev.query().unwrap_or(false)) {
+            seg.after = None;
+        }
+        seg.gate = seg.after.is_some().then(|| Arc::new(Gate::default()));
+        let gate = seg.gate.clone();
+        let mut segments = lock(&self.segments);
+        segments.push(seg);
+        open_ready(&mut segments, self.streams);
+        Some((range, gate))
+    }
+}
+
+/// Opens the gates whose transfers may start now: those with every copy of
+/// the transfers before them enqueued. For each, the streamer's stream first
+/// waits on the device for what the transfer must follow (unless that has
+/// completed); then none of the earlier transfers' copies waits for it. A
+/// wait that cannot be enqueued blocks the transfer's copies instead (its
+/// gate opens, and its pieces fail the pass).
+fn open_ready(segments: &mut [Segment], streams: &[Stream]) {
+    for seg in segments.iter_mut() {
+        if let Some(gate) = seg.gate.as_ref().filter(|g| !g.is_open()) {
+            if let Some(ev) = &seg.after {
+                let done = ev.query().unwrap_or(false);
+                let waited = match streams.get(seg.stream) {
+                    _ if done => Ok(()),
+                    Some(stream) => stream.wait_event(ev).map_err(|e| e.to_string()),
+                    None => Err("no stream".to_string()),
+                };
+                match waited {
+                    Ok(()) => seg.after = None,
+                    Err(e) => seg.blocked = Some(e),
+                }
+            }
+            gate.open();
+        }
+        if seg.left > 0 {
+            return; // the transfers after it must wait for its copies
+        }
     }
 }
 
@@ -184,6 +244,10 @@ impl Sink for ChainSink<'_, '_> {
         if off + len as u64 > seg.range.end {
             return Err(Error::invalid("chain", "a piece crosses the end of its transfer"));
         }
+        if let Some(e) = &seg.blocked {
+            let message = format!("its copies could not be ordered after `StartOptions::after`: {e}");
+            return Err(Error::TransferFailed { message });
+        }
         let stream = streams.get(seg.stream).ok_or_else(|| Error::invalid("chain", "no stream"))?;
         let dst = seg.dst.as_mut().ok_or_else(|| Error::invalid("chain", "the transfer was already written"))?;
         let at = (off - seg.range.start) as usize;
@@ -197,6 +261,7 @@ impl Sink for ChainSink<'_, '_> {
             stream.record(&event)?;
             seg.dst = None; // released: its owner now knows every copy
             out.push(Landed { index, event });
+            open_ready(&mut segments, self.chain.streams);
         }
         Ok(())
     }
@@ -206,26 +271,32 @@ impl Sink for ChainSink<'_, '_> {
     }
 }
 
-/// Whether `job` runs as the first transfer of a chained pass: when its
-/// strategy streams through windows or the ring (`Auto` does for a range
-/// larger than the budget, unless cold), and not with what needs a pass
-/// to itself (verifying, a progress callback counting one range) or with
-/// copy streams per agent.
-pub(super) fn chains(c: &StreamConfig, job: &Job) -> bool {
-    let streams = matches!(c.strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. })
-        || (c.strategy == Strategy::Auto && job.range.end - job.range.start > c.budget.limit());
-    streams && !c.verify && c.progress.is_none() && c.copy_streams == CopyStreams::One
+/// Whether `job` runs as the first transfer of a chained pass, and the
+/// bytes that pass is planned for: `job`'s and those of the transfers
+/// queued behind it that it could take ([`JobQueue::queued_run`]), when the
+/// plan for that many bytes streams through windows or the ring
+/// (`Shared::chain_plan`). Not with what needs a pass to itself (verifying,
+/// a progress callback counting one range) or with copy streams per agent.
+pub(super) fn chain_len(shared: &Shared, job: &Job, queue: &Mutex<JobQueue>) -> Option<u64> {
+    let c = &shared.config;
+    if c.verify || c.progress.is_some() || c.copy_streams != CopyStreams::One {
+        return None;
+    }
+    let len = job.range.end - job.range.start;
+    let total = || len.saturating_add(lock(queue).queued_run(&job.file, job.range.end));
+    shared.chain_plan(&job.file, &job.range, total)
 }
 
 /// Runs `job` as the first transfer of a pass that takes the transfers
 /// queued behind it from `queue` as it goes; answers the jobs to run next
 /// (taken from the queue but not run), in order.
-pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<Receiver<Job>>) -> Vec<Job> {
+pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<JobQueue>, plan_len: u64) -> Vec<Job> {
     let mut job = job;
     job.dst.settle();
     let chain = Chain {
         file: Arc::clone(&job.file),
         queue,
+        streams: &shared.streams,
         budget: &shared.config.budget,
         segments: Mutex::new(Vec::new()),
         leftover: Mutex::new(None),
@@ -234,7 +305,7 @@ pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<Receiver<Job>>)
     let range = job.range.clone();
     let after = job.after.take();
     lock(&chain.segments).push(Segment::new(job, false, &shared.config.budget, (0, Breakdown::default())));
-    let res = chain_pass(shared, &chain, range, after.as_ref());
+    let res = chain_pass(shared, &chain, range, after.as_ref(), plan_len);
     drop(after);
 
     let mut segments = std::mem::take(&mut *lock(&chain.segments));
@@ -251,7 +322,9 @@ pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<Receiver<Job>>)
                 err = e;
                 seg.finished = true;
                 let (file, range, stream) = (Arc::clone(&chain.file), seg.range.clone(), seg.stream);
-                next.push(Job { file, range, dst, stream, after: None, state: Arc::clone(&seg.state) });
+                // What it must follow, unless the stream already waits for it.
+                let after = seg.after.take();
+                next.push(Job { file, range, dst, stream, after, state: Arc::clone(&seg.state) });
             }
             (_, Some(e)) => {
                 let message = e.to_string();
@@ -272,7 +345,13 @@ pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<Receiver<Job>>)
 
 /// The pass: the first transfer's checks and ordering, then the run, fed
 /// by `chain`, reporting each transfer as its copies complete.
-fn chain_pass(shared: &Shared, chain: &Chain<'_>, range: Range<u64>, after: Option<&Event>) -> Result<()> {
+fn chain_pass(
+    shared: &Shared,
+    chain: &Chain<'_>,
+    range: Range<u64>,
+    after: Option<&Event>,
+    plan_len: u64,
+) -> Result<()> {
     let (_owner, mut st) = shared.enter("Streamer::start")?;
     let stream = lock(&chain.segments).first().map(|s| s.stream).unwrap_or(0);
     if let Some(ev) = after {
@@ -303,6 +382,7 @@ fn chain_pass(shared: &Shared, chain: &Chain<'_>, range: Range<u64>, after: Opti
         seg.finish(Ok(report));
         Ok(())
     };
-    shared.run_fed(&mut st, &Arc::clone(&chain.file), range, sink, on_landed, Some(chain))?;
+    let fed = Fed { feed: chain, len: plan_len };
+    shared.run_fed(&mut st, &Arc::clone(&chain.file), range, sink, on_landed, Some(fed))?;
     Ok(())
 }

@@ -1,19 +1,80 @@
 //! The parts of a pass not claimed yet ([`Claims`]): the agents take them
 //! from the front or from the back of the range, and a [`Feed`] adds the
-//! ranges of the transfers queued behind the first one to a running pass.
+//! ranges of the transfers queued behind the first one to a running pass,
+//! each open at once or behind a [`Gate`].
 
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use wirespeed_cuda::locks::lock;
+
+use crate::strategy::Strategy;
 
 /// Where a running pass gets more ranges to stream (the transfers queued
 /// behind the first one: `chain.rs`).
 pub(super) trait Feed: Sync {
     /// The next range of the pass, starting at or after `end` (the end of
-    /// the last one), ready to be claimed; `None` when there is none now (the
-    /// pass then takes no more).
-    fn next_range(&self, end: u64) -> Option<Range<u64>>;
+    /// the last one), and the gate it waits behind, if any; `None` when
+    /// there is none now (the pass then takes no more).
+    fn next_range(&self, end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)>;
+}
+
+/// Whether passes of `strategy` take ranges added while they run: those
+/// that stream through windows or the ring, not a whole registration.
+pub(super) fn feeds(strategy: Strategy) -> bool {
+    matches!(
+        strategy,
+        Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. } | Strategy::Direct { .. }
+    )
+}
+
+/// A feed, and the bytes the pass it feeds is planned for (its first range
+/// and those queued behind it when it starts).
+#[derive(Clone, Copy)]
+pub(super) struct Fed<'f> {
+    pub(super) feed: &'f dyn Feed,
+    pub(super) len: u64,
+}
+
+/// Holds a range of a pass back until it is opened: no part of it is
+/// claimed before (a chained transfer whose copies must wait on the device
+/// for something, which the pass may enqueue only once the transfers before
+/// it have all their copies enqueued).
+#[derive(Default)]
+pub(super) struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    /// Opens the gate: its range may be claimed.
+    pub(super) fn open(&self) {
+        *lock(&self.open) = true;
+        self.opened.notify_all();
+    }
+
+    /// Whether it is open.
+    pub(super) fn is_open(&self) -> bool {
+        *lock(&self.open)
+    }
+
+    /// Waits until it is open or `most` has passed; whether it is open.
+    pub(super) fn wait(&self, most: Duration) -> bool {
+        let g = lock(&self.open);
+        let (g, _) = self.opened.wait_timeout_while(g, most, |open| !*open).unwrap_or_else(|p| p.into_inner());
+        *g
+    }
+}
+
+/// What a claimer gets.
+pub(super) enum Claim {
+    /// A part to stream.
+    Part(Range<u64>),
+    /// Nothing now: the next range waits behind this gate.
+    Wait(Arc<Gate>),
+    /// Nothing left.
+    Done,
 }
 
 /// The parts of the pass not claimed yet: the window agent takes from the
@@ -37,6 +98,8 @@ pub(super) struct Claims<'f> {
 struct Cursors {
     /// The unclaimed part of each range of the pass, in order.
     parts: Vec<Range<u64>>,
+    /// The gate of each range, if any.
+    gates: Vec<Option<Arc<Gate>>>,
     /// The parts the front and the back claim from.
     front: usize,
     back: usize,
@@ -76,8 +139,9 @@ impl Cursors {
         }
         let end = self.parts.last().map_or(0, |p| p.end);
         match feed.and_then(|f| f.next_range(end)) {
-            Some(r) if r.start >= end && r.start < r.end => {
+            Some((r, gate)) if r.start >= end && r.start < r.end => {
                 self.parts.push(r);
+                self.gates.push(gate);
                 true
             }
             _ => {
@@ -91,52 +155,99 @@ impl Cursors {
 impl<'f> Claims<'f> {
     /// The claims of a pass over `range`, and of the ranges `feed` adds.
     pub(super) fn new(range: Range<u64>, feed: Option<&'f dyn Feed>) -> Claims<'f> {
-        Claims { cursor: Mutex::new(Cursors { parts: vec![range], front: 0, back: 0, closed: feed.is_none() }), feed }
+        let cursors = Cursors { parts: vec![range], gates: vec![None], front: 0, back: 0, closed: feed.is_none() };
+        Claims { cursor: Mutex::new(cursors), feed }
     }
 
     /// The next part from the front, ending on a multiple of `size` (or at
-    /// the range's end); `None` once nothing is left.
-    pub(super) fn front(&self, size: u64) -> Option<Range<u64>> {
-        self.front_leaving(size, 0)
+    /// the range's end); `None` once nothing is left. A range behind a
+    /// closed gate is waited for (outside the lock), unless `stop` says the
+    /// pass is over.
+    pub(super) fn front(&self, size: u64, stop: &dyn Fn() -> bool) -> Option<Range<u64>> {
+        self.front_leaving(size, 0, stop)
     }
 
     /// As [`Claims::front`], but none from a range once fewer than `leave`
     /// bytes are left in it (the front then moves on to the next range).
-    pub(super) fn front_leaving(&self, size: u64, leave: u64) -> Option<Range<u64>> {
+    pub(super) fn front_leaving(&self, size: u64, leave: u64, stop: &dyn Fn() -> bool) -> Option<Range<u64>> {
+        waiting(stop, || self.try_front(size, leave))
+    }
+
+    /// The next part from the back, starting on a multiple of `size` (or at
+    /// the range's start); `None` once nothing is left. Gates as for
+    /// [`Claims::front`].
+    pub(super) fn back(&self, size: u64, stop: &dyn Fn() -> bool) -> Option<Range<u64>> {
+        waiting(stop, || self.try_back(size))
+    }
+
+    /// One try of [`Claims::front_leaving`].
+    fn try_front(&self, size: u64, leave: u64) -> Claim {
         let mut g = lock(&self.cursor);
         let c = &mut *g;
         loop {
-            let p = c.parts.get_mut(c.front)?;
+            let Some(p) = c.parts.get_mut(c.front) else { return Claim::Done };
             if p.start < p.end && p.end - p.start >= leave {
+                if let Some(gate) = closed(&c.gates, c.front) {
+                    return Claim::Wait(gate);
+                }
                 let end = ((p.start / size).saturating_add(1)).saturating_mul(size).min(p.end);
                 let r = p.start..end;
                 p.start = end;
-                return Some(r);
+                return Claim::Part(r);
             }
             if !c.advance(Side::Front, self.feed) {
-                return None;
+                return Claim::Done;
             }
         }
     }
 
-    /// The next part from the back, starting on a multiple of `size` (or at
-    /// the range's start); `None` once nothing is left.
-    pub(super) fn back(&self, size: u64) -> Option<Range<u64>> {
+    /// One try of [`Claims::back`].
+    fn try_back(&self, size: u64) -> Claim {
         let mut g = lock(&self.cursor);
         let c = &mut *g;
         loop {
-            let p = c.parts.get_mut(c.back)?;
+            let Some(p) = c.parts.get_mut(c.back) else { return Claim::Done };
             if p.start < p.end {
+                if let Some(gate) = closed(&c.gates, c.back) {
+                    return Claim::Wait(gate);
+                }
                 let start = ((p.end - 1) / size * size).max(p.start);
                 let r = start..p.end;
                 p.end = start;
-                return Some(r);
+                return Claim::Part(r);
             }
             if !c.advance(Side::Back, self.feed) {
-                return None;
+                return Claim::Done;
             }
         }
     }
+}
+
+/// How long a claimer waits at a gate before it looks at `stop` again.
+const GATE_LOOK: Duration = Duration::from_millis(1);
+
+/// Tries `claim` until it gives a part or nothing is left, waiting at the
+/// gates it meets (outside the claims' lock, so that the parts before them
+/// can still be claimed); `None` also once `stop` says so.
+fn waiting(stop: &dyn Fn() -> bool, claim: impl Fn() -> Claim) -> Option<Range<u64>> {
+    loop {
+        match claim() {
+            Claim::Part(r) => return Some(r),
+            Claim::Done => return None,
+            Claim::Wait(gate) => {
+                while !gate.wait(GATE_LOOK) {
+                    if stop() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The gate of range `i` of `gates`, if it is closed.
+fn closed(gates: &[Option<Arc<Gate>>], i: usize) -> Option<Arc<Gate>> {
+    gates.get(i).and_then(Option::as_ref).filter(|g| !g.is_open()).cloned()
 }
 
 #[cfg(test)]
@@ -145,35 +256,38 @@ mod tests {
 
     use super::*;
 
+    /// A pass that never stops.
+    const GO: fn() -> bool = || false;
+
     #[test]
     fn claims_meet_in_the_middle_on_boundaries() {
         let c = Claims::new(100..10_000, None);
-        assert_eq!(c.front(4096), Some(100..4096));
-        assert_eq!(c.back(1000), Some(9000..10_000));
-        assert_eq!(c.back(1000), Some(8000..9000));
-        assert_eq!(c.front(4096), Some(4096..8000));
-        assert_eq!(c.front(4096), None);
-        assert_eq!(c.back(1000), None);
+        assert_eq!(c.front(4096, &GO), Some(100..4096));
+        assert_eq!(c.back(1000, &GO), Some(9000..10_000));
+        assert_eq!(c.back(1000, &GO), Some(8000..9000));
+        assert_eq!(c.front(4096, &GO), Some(4096..8000));
+        assert_eq!(c.front(4096, &GO), None);
+        assert_eq!(c.back(1000, &GO), None);
     }
 
     #[test]
     fn front_claims_leave_the_end() {
         let c = Claims::new(0..10_000, None);
-        assert_eq!(c.front_leaving(1000, 3000), Some(0..1000));
-        assert_eq!(c.back(1000), Some(9000..10_000));
-        assert_eq!(c.front_leaving(4000, 3000), Some(1000..4000));
-        assert_eq!(c.front_leaving(1000, 5001), None, "5000 left, fewer than asked");
-        assert_eq!(c.front(1000), Some(4000..5000), "plain claims still take it");
+        assert_eq!(c.front_leaving(1000, 3000, &GO), Some(0..1000));
+        assert_eq!(c.back(1000, &GO), Some(9000..10_000));
+        assert_eq!(c.front_leaving(4000, 3000, &GO), Some(1000..4000));
+        assert_eq!(c.front_leaving(1000, 5001, &GO), None, "5000 left, fewer than asked");
+        assert_eq!(c.front(1000, &GO), Some(4000..5000), "plain claims still take it");
     }
 
     /// A feed of fixed ranges, counting how often it was asked.
     struct Ranges(Mutex<Vec<Range<u64>>>, AtomicU64);
 
     impl Feed for Ranges {
-        fn next_range(&self, _end: u64) -> Option<Range<u64>> {
+        fn next_range(&self, _end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
             self.1.fetch_add(1, Ordering::Relaxed);
             let mut v = lock(&self.0);
-            if v.is_empty() { None } else { Some(v.remove(0)) }
+            if v.is_empty() { None } else { Some((v.remove(0), None)) }
         }
     }
 
@@ -181,25 +295,25 @@ mod tests {
     fn a_fed_pass_claims_each_range_from_both_ends_in_turn() {
         let feed = Ranges(Mutex::new(vec![1000..2000, 2500..3000]), AtomicU64::new(0));
         let c = Claims::new(0..1000, Some(&feed));
-        assert_eq!(c.front_leaving(300, 400), Some(0..300));
-        assert_eq!(c.back(100), Some(900..1000));
-        assert_eq!(c.front_leaving(300, 400), Some(300..600));
+        assert_eq!(c.front_leaving(300, 400, &GO), Some(0..300));
+        assert_eq!(c.back(100, &GO), Some(900..1000));
+        assert_eq!(c.front_leaving(300, 400, &GO), Some(300..600));
         // 300 left, fewer than it leaves: the front moves on to the next range.
-        assert_eq!(c.front_leaving(300, 400), Some(1000..1200));
-        assert_eq!(c.back(100), Some(800..900), "the back finishes the first range");
-        assert_eq!(c.back(250), Some(750..800));
-        assert_eq!(c.back(250), Some(600..750));
-        assert_eq!(c.back(100), Some(1900..2000), "then takes the next one's end");
+        assert_eq!(c.front_leaving(300, 400, &GO), Some(1000..1200));
+        assert_eq!(c.back(100, &GO), Some(800..900), "the back finishes the first range");
+        assert_eq!(c.back(250, &GO), Some(750..800));
+        assert_eq!(c.back(250, &GO), Some(600..750));
+        assert_eq!(c.back(100, &GO), Some(1900..2000), "then takes the next one's end");
         assert_eq!(feed.1.load(Ordering::Relaxed), 1);
-        assert_eq!(c.front_leaving(300, 500), Some(1200..1500));
-        assert_eq!(c.back(1000), Some(1500..1900), "cut at the range's start");
-        assert_eq!(c.front(1000), Some(2500..3000), "the third range");
-        assert_eq!(c.back(100), None);
-        assert_eq!(c.front(1000), None);
+        assert_eq!(c.front_leaving(300, 500, &GO), Some(1200..1500));
+        assert_eq!(c.back(1000, &GO), Some(1500..1900), "cut at the range's start");
+        assert_eq!(c.front(1000, &GO), Some(2500..3000), "the third range");
+        assert_eq!(c.back(100, &GO), None);
+        assert_eq!(c.front(1000, &GO), None);
         // The feed had nothing once: it is not asked again.
         let asked = feed.1.load(Ordering::Relaxed);
         lock(&feed.0).push(4000..5000);
-        assert_eq!(c.back(100), None);
+        assert_eq!(c.back(100, &GO), None);
         assert_eq!(feed.1.load(Ordering::Relaxed), asked);
     }
 
@@ -207,9 +321,9 @@ mod tests {
     fn a_range_behind_the_last_one_is_not_taken() {
         let feed = Ranges(Mutex::new(std::iter::once(0..10).collect()), AtomicU64::new(0));
         let c = Claims::new(100..200, Some(&feed));
-        assert_eq!(c.front(1000), Some(100..200));
-        assert_eq!(c.front(1000), None);
-        assert_eq!(c.back(1000), None);
+        assert_eq!(c.front(1000, &GO), Some(100..200));
+        assert_eq!(c.front(1000, &GO), None);
+        assert_eq!(c.back(1000, &GO), None);
     }
 
     #[test]
@@ -219,7 +333,7 @@ mod tests {
         let mut flip = false;
         loop {
             flip = !flip;
-            let r = if flip { c.front(65536) } else { c.back(10_000) };
+            let r = if flip { c.front(65536, &GO) } else { c.back(10_000, &GO) };
             match r {
                 Some(r) => parts.push(r),
                 None => break,
@@ -231,5 +345,38 @@ mod tests {
             assert_eq!(w[0].end, w[1].start);
         }
         assert_eq!(parts.last().map(|r| r.end), Some(1_000_003));
+    }
+
+    /// A feed of one range behind a gate.
+    struct Gated(Mutex<Option<Range<u64>>>, Arc<Gate>);
+
+    impl Feed for Gated {
+        fn next_range(&self, _end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+            lock(&self.0).take().map(|r| (r, Some(self.1.clone())))
+        }
+    }
+
+    #[test]
+    fn a_gated_range_waits_for_its_gate_and_the_range_before_does_not() {
+        let gate = Arc::new(Gate::default());
+        let feed = Gated(Mutex::new(Some(1000..2000)), gate.clone());
+        let c = Claims::new(0..1000, Some(&feed));
+        assert_eq!(c.front_leaving(300, 500, &GO), Some(0..300));
+        assert_eq!(c.front_leaving(300, 500, &GO), Some(300..600));
+        // 400 left: the front moves on, to a closed gate.
+        assert!(matches!(c.try_front(300, 500), Claim::Wait(_)));
+        let stop = || true;
+        assert_eq!(c.front_leaving(300, 500, &stop), None, "a stopped pass waits no more");
+        // The back still finishes the range before the gate.
+        assert_eq!(c.back(250, &GO), Some(750..1000));
+        assert_eq!(c.back(250, &GO), Some(600..750));
+        assert!(matches!(c.try_back(250), Claim::Wait(_)));
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| c.front_leaving(300, 500, &GO));
+            gate.open();
+            assert_eq!(waiter.join().unwrap(), Some(1000..1200));
+        });
+        assert_eq!(c.back(1000, &GO), Some(1200..2000));
+        assert_eq!(c.front(1000, &GO), None);
     }
 }

@@ -74,6 +74,7 @@ mod claims;
 mod config;
 mod ctx;
 mod lanes;
+mod queue;
 mod report;
 mod run;
 mod shared;
@@ -101,7 +102,13 @@ use worker::Worker;
 /// It keeps one stream per device, the whole-file registrations it made (so a
 /// second pass over the same file costs no registration) and its pinned ring
 /// (allocated once), all drawn from the budget until
-/// [`Streamer::release_pins`] or drop. Calls are serialized: transfers
+/// [`Streamer::release_pins`] or drop. Windows are registered in the
+/// process's registration context of the first device, which every streamer
+/// shares ([`RegistrationContext::shared`](wirespeed_cuda::RegistrationContext::shared)).
+/// A streamer dropped while the program still holds its budget parks its
+/// ring and that context with the budget, and the next streamer on the
+/// budget takes them up: a program that makes a streamer per file pays for
+/// them once (see [`PinBudget`](crate::PinBudget)). Calls are serialized: transfers
 /// started with [`Streamer::start`] run on a worker thread of the streamer,
 /// in order (those queued back to back as one pass), blocking calls on the
 /// calling thread in between. Dropping the streamer waits for the transfers it started.
@@ -230,7 +237,10 @@ impl Streamer {
     }
 
     /// Drops the cached registrations and the ring (unregistering and freeing
-    /// them, returning their bytes to the budget).
+    /// them, returning their bytes to the budget), and what streamers dropped
+    /// earlier parked with the budget ([`PinBudget::release_parked`]).
+    ///
+    /// [`PinBudget::release_parked`]: crate::PinBudget::release_parked
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -249,6 +259,7 @@ impl Streamer {
     pub fn release_pins(&self) -> Result<()> {
         let (_owner, mut st) = self.shared.enter("Streamer::release_pins")?;
         st.ring = None;
+        self.shared.config.budget.release_parked();
         let mut first = Ok(());
         for r in std::mem::take(&mut st.cache) {
             if let Err(e) = r.release() {
@@ -262,7 +273,10 @@ impl Streamer {
     /// with the budget as it is now (the configured strategy, when not `Auto`).
     /// When nothing fits it answers the smallest ring, which then fails with
     /// [`Error::BudgetExceeded`]. Transfers also look at the page cache: a cold
-    /// range larger than the budget gets [`Strategy::Direct`]. Auto's hybrid
+    /// range larger than the budget gets [`Strategy::Direct`], whose reads
+    /// `Auto` takes with `O_DIRECT` or, per file, through the page cache with
+    /// readahead where the file system refuses `O_DIRECT` or those reads prove
+    /// clearly faster ([`Breakdown::buffered_bytes`] says). Auto's hybrid
     /// also keeps [`StreamConfig::reserve_threads`] ring threads in reserve,
     /// which join during a pass once the copy engine shows room
     /// ([`Breakdown::reserve_threads`] says how many did).
@@ -286,8 +300,10 @@ impl Streamer {
     /// ([`StreamConfig::second_context`]). A streamer keeps both, so only its
     /// first transfer pays for them, and this moves that cost to when you
     /// choose (start-up, say, or another thread: a `Streamer` is `Sync`).
-    /// Returns the plan. Keep one streamer rather than one per file: dropping
-    /// it gives both back, and the next streamer makes them again.
+    /// Returns the plan. A streamer dropped while the program holds its
+    /// budget parks both with the budget for the next streamer on it (see
+    /// [`PinBudget`](crate::PinBudget)); otherwise dropping it gives both
+    /// back.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -425,11 +441,17 @@ impl Streamer {
     /// ([`Streamer::to_device`], ...) run on the calling thread in between.
     /// Transfers queued back to back run as one pass when they can: once the
     /// running transfer is claimed, its agents go on with the next one (same
-    /// file, a range at or after the last one's end, its
-    /// [`StartOptions::after`] completed) with no drain between them, when the
-    /// strategy streams through windows or the ring (`Auto` for a range larger
-    /// than the budget), without [`StreamConfig::verify`], a progress callback
-    /// or [`CopyStreams`] other than `One`. Each keeps its own handle, event
+    /// file, a range at or after the last one's end, gaps between them
+    /// allowed) with no drain between them, when the strategy streams through
+    /// windows or the ring, without [`StreamConfig::verify`], a progress
+    /// callback or [`CopyStreams`] other than `One`. `Auto` plans such a pass
+    /// for the transfers queued when it starts taken together, as it would
+    /// one range of their total length: pieces that each fit the budget
+    /// stream through windows and the ring when their total does not,
+    /// rather than being registered whole one by one. A transfer whose
+    /// [`StartOptions::after`] has not completed still joins: its copies wait
+    /// for it on the device, once those of the transfers before it are all
+    /// enqueued (theirs never wait for it). Each keeps its own handle, event
     /// and [`Report`] ([`Report::chained`]). The transfer borrows `dst` for as long as the handle lives;
     /// dropping or leaking the handle does not stop the transfer, and `dst`'s
     /// owner stays safe to drop or read: it waits for the transfer (see

@@ -83,6 +83,11 @@ pub struct Breakdown {
     /// Bytes of the range staged through the pinned ring (`memcpy` from the
     /// mapping, or `O_DIRECT` reads).
     pub ring_bytes: u64,
+    /// Of the ring's bytes, those a cold file's reads took through the page
+    /// cache, with readahead, rather than with `O_DIRECT`: `Auto` chooses
+    /// per file (a file system that refuses `O_DIRECT`, or buffered reads
+    /// that proved clearly faster there).
+    pub buffered_bytes: u64,
     /// Registering windows (`cudaHostRegister` or the driver's in a second context).
     pub register_seconds: f64,
     /// Unregistering windows whose copies completed.
@@ -151,6 +156,7 @@ impl Breakdown {
         Breakdown {
             in_place_bytes: self.in_place_bytes.saturating_sub(earlier.in_place_bytes),
             ring_bytes: self.ring_bytes.saturating_sub(earlier.ring_bytes),
+            buffered_bytes: self.buffered_bytes.saturating_sub(earlier.buffered_bytes),
             register_seconds: (self.register_seconds - earlier.register_seconds).max(0.0),
             unregister_seconds: (self.unregister_seconds - earlier.unregister_seconds).max(0.0),
             window_wait_seconds: (self.window_wait_seconds - earlier.window_wait_seconds).max(0.0),
@@ -165,7 +171,7 @@ impl Breakdown {
 impl std::fmt::Display for Breakdown {
     /// `in place P% (registering T ms, unregistering T ms: R GB/s, waiting
     /// for copies T ms), ring P% (filling T ms: R GB/s a thread, waiting for
-    /// slots T ms, a reserve thread joined), setting up T ms`; a part that
+    /// slots T ms, a reserve thread joined, P% read buffered), setting up T ms`; a part that
     /// moved nothing is left out, and a rate where no time was counted, and
     /// setting up under half a millisecond.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -188,7 +194,7 @@ impl std::fmt::Display for Breakdown {
         if self.ring_bytes > 0 {
             write!(
                 f,
-                "{sep}ring {:.0}% (filling {:.1} ms{}, waiting for slots {:.1} ms{})",
+                "{sep}ring {:.0}% (filling {:.1} ms{}, waiting for slots {:.1} ms{}{})",
                 (1.0 - frac) * 100.0,
                 ms(self.fill_seconds),
                 rate(self.fill_rate(), " a thread"),
@@ -197,6 +203,10 @@ impl std::fmt::Display for Breakdown {
                     0 => String::new(),
                     1 => ", a reserve thread joined".to_string(),
                     n => format!(", {n} reserve threads joined"),
+                },
+                match self.buffered_bytes {
+                    0 => String::new(),
+                    b => format!(", {:.0}% read buffered", b as f64 * 100.0 / self.ring_bytes as f64),
                 }
             )?;
             sep = ", ";

@@ -14,6 +14,7 @@ use std::time::Instant;
 use wirespeed_cuda::locks::{lock, write};
 use wirespeed_cuda::{DetachedSliceMut, Event};
 
+use super::agents::cold::ColdReads;
 use super::agents::crew::Crew;
 use super::agents::reserve::{Reserve, ReserveAgent, Running, reserve_agent};
 use super::agents::ring::{Fill, Lane, RingAgent, ring_agent};
@@ -21,7 +22,7 @@ use super::agents::whole::whole_agent;
 use super::agents::windows::{Windows, window_agent};
 use super::cache::{State, drop_overlapping};
 use super::checks::check_budget;
-use super::claims::{Claims, Feed};
+use super::claims::{Claims, Fed, feeds};
 use super::config::CopyStreams;
 use super::ctx::{Ctx, TAIL_SPIN, channel, panic_message, wait_tail};
 use super::lanes::{AgentStreamSet, AgentStreams, join_agents};
@@ -47,6 +48,8 @@ struct Prepared {
     whole: Option<usize>,
     /// The `O_DIRECT` descriptor (direct).
     direct: Option<File>,
+    /// How `Auto`'s direct pass reads the cold file (`O_DIRECT` or buffered).
+    cold: Option<ColdReads>,
     /// The streamer's ring (ring, hybrid, direct).
     ring: Option<PinnedRing>,
 }
@@ -110,9 +113,10 @@ impl Shared {
         self.run_fed(st, file, range, sink, on_msg, None)
     }
 
-    /// As [`Shared::run`], with `feed` adding ranges to the pass while it
+    /// As [`Shared::run`], with `fed` adding ranges to the pass while it
     /// runs when the strategy streams through windows or the ring (see
-    /// `chain.rs`); the report covers the whole pass.
+    /// `chain.rs`), planned (with `Auto`) for `fed`'s length; the report
+    /// covers the whole pass.
     pub(super) fn run_fed<S: Sink>(
         &self,
         st: &mut State,
@@ -120,7 +124,7 @@ impl Shared {
         range: Range<u64>,
         mut sink: S,
         on_msg: impl FnMut(S::Msg) -> Result<()>,
-        feed: Option<&dyn Feed>,
+        fed: Option<Fed<'_>>,
     ) -> Result<(Report, S)> {
         let len = range.end - range.start;
         if len == 0 {
@@ -129,8 +133,8 @@ impl Shared {
             let clock = Clock::start(&self.config.budget);
             return Ok((clock.nothing(strategy, sink.verified()), sink));
         }
-        // Plan.
-        let strategy = self.pick(st, file, &range)?;
+        // Plan (a chained pass for every transfer queued when it starts).
+        let strategy = self.pick(st, file, &range, fed.map_or(len, |f| f.len.max(len)))?;
         let clock = Clock::start(&self.config.budget);
         let stats = Arc::new(PassStats::default());
         // Prepare.
@@ -145,13 +149,15 @@ impl Shared {
         let (mut ctx, windows) = self.ctx(file, len, strategy, stats);
         let agents = Agents::of(strategy, held.whole.and_then(|i| st.cache.get(i)), &held, self.reserve(strategy));
         // Only windows and the ring take ranges added to a running pass.
-        let fed = matches!(strategy, Strategy::Windows { .. } | Strategy::Ring { .. } | Strategy::Hybrid { .. });
-        let claims = Claims::new(range, feed.filter(|_| fed));
+        let claims = Claims::new(range, fed.filter(|_| feeds(strategy)).map(|f| f.feed));
         sink.begin(strategy, &windows, &ctx.stats);
         let mut sink = RwLock::new(sink);
         self.run_agents(&mut ctx, &claims, agents, &mut sink, on_msg);
-        // Drain, and report.
+        // Drain, remember how a cold file read best, and report.
         self.drain(&ctx, held.ring.as_ref());
+        if let Some((id, way)) = held.cold.as_ref().and_then(ColdReads::learned) {
+            st.cold.put(id, way);
+        }
         clock.report(&ctx, strategy, windows, sink)
     }
 
@@ -184,7 +190,7 @@ impl Shared {
         if matches!(strategy, Strategy::WholeFile | Strategy::Windows { .. } | Strategy::Hybrid { .. }) {
             drop_overlapping(st, file, range);
         }
-        let mut held = Prepared { whole: None, direct: None, ring: None };
+        let mut held = Prepared { whole: None, direct: None, cold: None, ring: None };
         match strategy {
             Strategy::Auto => return Err(Error::invalid("Streamer", "Auto was not resolved")),
             Strategy::WholeFile => held.whole = Some(self.whole(st, file, range, stats)?),
@@ -202,7 +208,13 @@ impl Shared {
                 held.ring = r;
             }
             Strategy::Direct { .. } => {
-                held.direct = Some(file.open_direct()?);
+                // `Auto` reads a cold file the way chosen for it; a given
+                // strategy reads with `O_DIRECT`.
+                if matches!(self.config.strategy.normalized(), Ok(Strategy::Auto)) {
+                    held.cold = Some(ColdReads::new(file, range, &st.cold)?);
+                } else {
+                    held.direct = Some(file.open_direct()?);
+                }
                 held.ring = stats.time(Step::Setup, || self.ring_of(st, strategy))?;
             }
         }
@@ -469,9 +481,10 @@ impl<'a> Agents<'a> {
         };
         let ring = match (shape, held.ring.as_ref()) {
             (Some((threads, slot, from_back)), Some(ring)) => {
-                let fill = match &held.direct {
-                    Some(f) => Fill::Direct(f),
-                    None => Fill::Copy,
+                let fill = match (&held.direct, &held.cold) {
+                    (Some(f), _) => Fill::Direct(f),
+                    (None, Some(c)) => Fill::Cold(c),
+                    (None, None) => Fill::Copy,
                 };
                 Some(RingCrew { ring, fill, slot, threads, from_back, reserve })
             }

@@ -14,6 +14,7 @@ use wirespeed_cuda::locks::lock;
 use wirespeed_cuda::{Device, Event, EventOptions, RegistrationContext, Stream};
 
 use super::cache::{State, cached, kept};
+use super::claims::feeds;
 use super::config::StreamConfig;
 use super::ctx::inside_callback;
 use super::lanes::AgentStreams;
@@ -54,6 +55,27 @@ pub(super) struct Shared {
     /// The second context windows are registered in, made at the first
     /// transfer that registers windows (or why there is none).
     window_context: OnceLock<std::result::Result<Arc<RegistrationContext>, String>>,
+}
+
+impl Drop for Shared {
+    /// Parks the ring and the registration context with the budget, for the
+    /// next streamer on it (given back at once where the program holds the
+    /// budget no more: see [`PinBudget`](crate::PinBudget)). The cached
+    /// registrations go: they are of this streamer's files.
+    fn drop(&mut self) {
+        let budget = &self.config.budget;
+        let st = self.state.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Idle after every pass; one that cannot drain is not parked.
+        if let Some(ring) = st.ring.take()
+            && ring.drain().is_ok()
+        {
+            let bytes = ring.pinned_bytes();
+            budget.park(Box::new(ring), bytes);
+        }
+        if let Some(Ok(c)) = self.window_context.take() {
+            budget.park(Box::new(c), 0);
+        }
+    }
 }
 
 /// Clears the owner mark when a call ends, however it ends.
@@ -170,9 +192,11 @@ impl Shared {
     // ------------------------------------------------ choosing the strategy
 
     /// Pinned bytes a plan may use: what the budget has left plus what the
-    /// streamer keeps (it would give those back), within the mlock headroom.
+    /// streamer keeps and what is parked with the budget (both would be
+    /// given back), within the mlock headroom.
     pub(super) fn usable(&self, kept: u64) -> u64 {
-        let mut avail = self.config.budget.available().saturating_add(kept);
+        let budget = &self.config.budget;
+        let mut avail = budget.available().saturating_add(kept).saturating_add(budget.parked_bytes());
         if self.config.mlock
             && let Some(h) = crate::memlock::memlock_headroom()
         {
@@ -198,12 +222,14 @@ impl Shared {
     }
 
     /// The strategy a transfer of `range` of `file` runs: the configured one,
-    /// or what `Auto` picks for it (the kept registration when there is one,
-    /// `O_DIRECT` for a cold range larger than the budget).
+    /// or what `Auto` picks for `len` bytes (the range's length, or a chained
+    /// pass's: see `chain.rs`): the kept registration when there is one of
+    /// the range, `O_DIRECT` for a cold range when `len` is larger than the
+    /// budget.
     ///
     /// # Errors
     /// [`Error::BudgetExceeded`] when no strategy fits the budget.
-    pub(super) fn pick(&self, st: &State, file: &Arc<MappedFile>, range: &Range<u64>) -> Result<Strategy> {
+    pub(super) fn pick(&self, st: &State, file: &Arc<MappedFile>, range: &Range<u64>, len: u64) -> Result<Strategy> {
         let strategy = self.config.strategy.normalized()?;
         if strategy != Strategy::Auto {
             return Ok(strategy);
@@ -211,17 +237,34 @@ impl Shared {
         if cached(st, file, range, self.portable).is_some() {
             return Ok(Strategy::WholeFile);
         }
-        let len = range.end - range.start;
         let avail = self.usable(kept(st));
         let cold = len > avail && {
-            let resident = file.resident_estimate(range.clone()).unwrap_or(len);
-            resident < len / 2
+            let own = range.end - range.start;
+            let resident = file.resident_estimate(range.clone()).unwrap_or(own);
+            resident < own / 2
         };
         plan(len, avail, cpus(), cold).ok_or(Error::BudgetExceeded {
             requested: 2 * (64 << 10),
             available: avail,
             limit: self.config.budget.limit(),
         })
+    }
+
+    /// The plan of a chained pass that starts with `range` of `file`, for
+    /// `len()` bytes (`range`'s and those queued behind it, looked at once the
+    /// streamer is free to plan), when it streams through windows or the
+    /// ring; then answers that length. `None` where a pass would register
+    /// the range whole (or use the registration the streamer keeps): the
+    /// transfer then runs alone.
+    pub(super) fn chain_plan(
+        &self,
+        file: &Arc<MappedFile>,
+        range: &Range<u64>,
+        len: impl FnOnce() -> u64,
+    ) -> Option<u64> {
+        let st = lock(&self.state);
+        let len = len();
+        self.pick(&st, file, range, len).ok().filter(|s| feeds(*s)).map(|_| len)
     }
 
     /// Refuses at once (allocating nothing) a strategy whose pins cannot fit
@@ -247,7 +290,7 @@ impl Shared {
             }
             _ => false,
         };
-        let usable = budget.available().saturating_add(kept(st));
+        let usable = budget.available().saturating_add(kept(st)).saturating_add(budget.parked_bytes());
         if !held && need > usable {
             return Err(Error::BudgetExceeded { requested: need, available: usable, limit: budget.limit() });
         }
@@ -256,10 +299,14 @@ impl Shared {
 
     // ------------------------------------------------ what it keeps
 
-    /// Gives back cached registrations (least recently used first) and then
-    /// the ring until `need` bytes are available, keeping what is asked.
+    /// Gives back what is parked with the budget, then cached registrations
+    /// (least recently used first) and then the ring until `need` bytes are
+    /// available, keeping what is asked.
     pub(super) fn make_room(&self, st: &mut State, need: u64, keep_ring: bool, keep_cache: Option<usize>) {
         let budget = &self.config.budget;
+        if budget.available() < need {
+            budget.reclaim(need);
+        }
         let mut i = 0;
         while budget.available() < need && i < st.cache.len() {
             if Some(i) == keep_cache {
@@ -274,8 +321,10 @@ impl Shared {
     }
 
     /// The streamer's ring of `slots` slots of `slot` bytes: the one it keeps
-    /// if it has that shape, else a new one (the old one given back first,
-    /// then cached registrations as the budget needs), kept in its place.
+    /// if it has that shape, else one of that shape parked with the budget
+    /// by a streamer dropped earlier, else a new one (the old one given back
+    /// first, then cached registrations as the budget needs), kept in its
+    /// place.
     ///
     /// # Errors
     /// [`Error::BudgetExceeded`]; the runtime's error allocating the slots.
@@ -287,6 +336,11 @@ impl Shared {
             return Ok(r.clone());
         }
         st.ring = None;
+        let budget = &self.config.budget;
+        if let Some(r) = budget.take_parked::<PinnedRing>(|r| r.slots() == slots && r.slot_bytes() == slot) {
+            st.ring = Some(r.clone());
+            return Ok(r);
+        }
         // The slots and, at most, a page each of alignment slack (see PinnedRing::new).
         let most = (slots as u64).saturating_mul((slot as u64).saturating_add(page_size() - 1));
         self.make_room(st, most, true, None);
@@ -350,18 +404,26 @@ impl Shared {
         Ok(st.cache.len() - 1)
     }
 
-    /// The second context sliding windows are registered in, made on first
-    /// use and kept, with what [`Report::windows`](super::Report::windows)
-    /// says; `None` (the primary context) when the configuration turns it off
-    /// or the context cannot be made, with the reason.
+    /// The second context sliding windows are registered in, taken on first
+    /// use and kept (the process's context on the first device, shared by
+    /// every streamer: [`RegistrationContext::shared`]), with what
+    /// [`Report::windows`](super::Report::windows) says; `None` (the primary
+    /// context) when the configuration turns it off or the context cannot be
+    /// made, with the reason.
     pub(super) fn window_context(&self) -> (Option<Arc<RegistrationContext>>, WindowContext) {
         if !self.config.second_context {
             let reason = "StreamConfig::second_context is off".to_string();
             return (None, WindowContext::PrimaryContext { reason });
         }
-        let made = self
-            .window_context
-            .get_or_init(|| RegistrationContext::new(&self.devices[0]).map(Arc::new).map_err(|e| e.to_string()));
+        let made = self.window_context.get_or_init(|| {
+            let dev = self.devices[0];
+            // The process's context on the device: one parked with the budget
+            // by a streamer dropped earlier, or the one other streamers share.
+            match self.config.budget.take_parked::<Arc<RegistrationContext>>(|c| c.device() == dev) {
+                Some(c) => Ok(c),
+                None => RegistrationContext::shared(&dev).map_err(|e| e.to_string()),
+            }
+        });
         match made {
             Ok(c) => (Some(Arc::clone(c)), WindowContext::SecondContext),
             Err(reason) => (None, WindowContext::PrimaryContext { reason: reason.clone() }),

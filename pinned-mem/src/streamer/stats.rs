@@ -14,6 +14,8 @@ pub(super) struct PassStats {
     pub(super) registrations: AtomicU64,
     pub(super) in_place_bytes: AtomicU64,
     pub(super) ring_bytes: AtomicU64,
+    /// Of those, read through the page cache (a cold file read buffered).
+    pub(super) buffered_bytes: AtomicU64,
     register_ns: AtomicU64,
     unregister_ns: AtomicU64,
     window_wait_ns: AtomicU64,
@@ -73,6 +75,7 @@ impl PassStats {
         Breakdown {
             in_place_bytes: self.in_place_bytes.load(Ordering::Relaxed),
             ring_bytes: self.ring_bytes.load(Ordering::Relaxed),
+            buffered_bytes: self.buffered_bytes.load(Ordering::Relaxed),
             register_seconds: s(&self.register_ns),
             unregister_seconds: s(&self.unregister_ns),
             window_wait_seconds: s(&self.window_wait_ns),

@@ -221,6 +221,21 @@ impl Transfer<'_> {
     /// tell the transfer's outcome when the copies were enqueued but have not
     /// finished: [`Transfer::wait`] (or polling) does.
     ///
+    /// Why it waits on the host for the last copy to be enqueued: CUDA orders
+    /// work on one stream after another's only through an event recorded
+    /// there already (`cudaStreamWaitEvent` waits for the record made before
+    /// it), and the transfer's last copies do not exist yet when this is
+    /// called. The ways to wait on the device for work enqueued later are a
+    /// stream memory operation on a flag (`cuStreamWaitValue32`) or a host
+    /// function that blocks until the copies complete; NVIDIA documents both
+    /// as able to deadlock when what they wait for is CUDA work not ordered
+    /// before them by a dependency CUDA can see (the scheduler may queue the
+    /// transfer's copies behind the blocked wait; host functions may not
+    /// wait for other CUDA work at all). Here that work is the transfer's
+    /// copies, so neither can be used soundly.
+    /// [`Transfer::then_on_timeout`] bounds the wait instead, for callers
+    /// that must stay responsive.
+    ///
     /// The transfer borrows its destination while this handle lives, and
     /// the destination's fence holds it until the transfer has ended: an
     /// operation through the safe API on a buffer the crates allocated waits

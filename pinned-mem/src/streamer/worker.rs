@@ -1,7 +1,7 @@
 //! The streamer's worker thread: it runs the transfers [`Streamer::start`]
-//! queued ([`Job`]s), in order, each alone through `Shared::fill` or, where
-//! they can be, as one chained pass (`chain.rs`), and tells each handle how
-//! it ended.
+//! queued ([`Job`]s, from a [`JobQueue`]), in order, each alone through
+//! `Shared::fill` or, where they can be, as one chained pass (`chain.rs`),
+//! and tells each handle how it ended.
 //!
 //! [`Streamer::start`]: super::Streamer::start
 
@@ -13,8 +13,9 @@ use std::thread::JoinHandle;
 use wirespeed_cuda::Stream;
 use wirespeed_cuda::locks::lock;
 
-use super::chain::{chains, run_chain};
+use super::chain::{chain_len, run_chain};
 use super::ctx::panic_message;
+use super::queue::JobQueue;
 use super::shared::Shared;
 use super::transfer::Job;
 use crate::error::{Error, Result};
@@ -58,24 +59,19 @@ impl Worker {
 
 /// The worker thread of `shared`: runs the queued jobs, in order, until the
 /// queue closes.
-fn work(shared: Arc<Shared>, queue: Receiver<Job>) {
-    // Jobs a chained pass took from the queue but did not run come first.
-    let queue = Mutex::new(queue);
-    let mut next = std::collections::VecDeque::new();
+fn work(shared: Arc<Shared>, rx: Receiver<Job>) {
+    // (Locked only by this thread: here between passes, by a chained pass's feed during it.)
+    let queue = Mutex::new(JobQueue::new(rx));
     loop {
-        let job = match next.pop_front() {
-            Some(job) => job,
-            None => match lock(&queue).recv() {
-                Ok(job) => job,
-                Err(_) => break, // closed and empty
-            },
-        };
+        let Some(job) = lock(&queue).next() else { break }; // closed and empty
         let state = job.state.clone();
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            if chains(&shared.config, &job) { run_chain(&shared, job, &queue) } else { run_job(&shared, job) }
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match chain_len(&shared, &job, &queue) {
+            Some(len) => run_chain(&shared, job, &queue, len),
+            None => run_job(&shared, job),
         }));
         match ran {
-            Ok(jobs) => next.extend(jobs),
+            // Jobs a chained pass took from the queue but did not run come first.
+            Ok(jobs) => lock(&queue).put_back(jobs),
             Err(p) => state.finish(Err(Error::WorkerPanicked { message: panic_message(p.as_ref()) })),
         }
     }

@@ -1,5 +1,6 @@
 //! What every agent of a pass works with ([`Crew`]).
 
+use std::ops::Range;
 use std::sync::RwLock;
 use std::sync::mpsc::SyncSender;
 
@@ -28,6 +29,22 @@ impl<'p, S: Sink> Crew<'p, S> {
         tx: SyncSender<S::Msg>,
     ) -> Crew<'p, S> {
         Crew { ctx, claims, sink, tx }
+    }
+
+    /// The next part from the front of the claims (see `Claims::front`),
+    /// waiting at a gate until it opens or the pass fails.
+    pub(in crate::streamer) fn front(&self, size: u64) -> Option<Range<u64>> {
+        self.claims.front(size, &|| self.ctx.aborted())
+    }
+
+    /// As [`Crew::front`], leaving a range's last `leave` bytes to the back.
+    pub(in crate::streamer) fn front_leaving(&self, size: u64, leave: u64) -> Option<Range<u64>> {
+        self.claims.front_leaving(size, leave, &|| self.ctx.aborted())
+    }
+
+    /// The next part from the back of the claims, gates as for [`Crew::front`].
+    pub(in crate::streamer) fn back(&self, size: u64) -> Option<Range<u64>> {
+        self.claims.back(size, &|| self.ctx.aborted())
     }
 
     /// Sends the messages in `out` to the calling thread, emptying it; false

@@ -10,7 +10,9 @@
 //! * `ring.rs`: the pinned ring's producer threads
 //!   ([`Strategy::Ring`](crate::Strategy::Ring), and the back of the hybrid);
 //! * `direct.rs`: `O_DIRECT` reads into the ring's slots, for cold files
-//!   ([`Strategy::Direct`](crate::Strategy::Direct));
+//!   ([`Strategy::Direct`](crate::Strategy::Direct)); `cold.rs`: how
+//!   `Auto` reads a cold file, with `O_DIRECT` or buffered with readahead,
+//!   chosen per file;
 //! * `reserve.rs`: the reserve ring thread that joins `Auto`'s hybrid once
 //!   the copy engine shows room.
 //!
@@ -19,6 +21,7 @@
 //! which the whole-file and window agents share. The run (`run.rs`) decides
 //! which agents a strategy runs and starts them.
 
+pub(super) mod cold;
 pub(super) mod crew;
 pub(super) mod direct;
 pub(super) mod in_flight;

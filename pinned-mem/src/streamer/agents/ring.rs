@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 use wirespeed_cuda::Stream;
 use wirespeed_cuda::locks::{read, write};
 
+use super::cold::{ColdReads, Way};
 use super::crew::Crew;
 use super::direct::direct_read;
 use crate::error::{Error, Result};
@@ -36,6 +37,9 @@ pub(in crate::streamer) enum Fill<'a> {
     Copy,
     /// `pread` from an `O_DIRECT` descriptor into aligned slots.
     Direct(&'a File),
+    /// `Auto`'s reads of a cold file: `O_DIRECT`, or buffered with
+    /// readahead, as chosen for the file.
+    Cold(&'a ColdReads),
 }
 
 /// Which streams a ring agent copies on.
@@ -67,7 +71,7 @@ pub(in crate::streamer) fn ring_agent<S: Sink>(crew: Crew<'_, S>, agent: RingAge
     let ctx = crew.ctx;
     let mut out = Vec::new();
     while !ctx.aborted() {
-        let claimed = if agent.from_back { crew.claims.back(agent.slot) } else { crew.claims.front(agent.slot) };
+        let claimed = if agent.from_back { crew.back(agent.slot) } else { crew.front(agent.slot) };
         let Some(r) = claimed else { break };
         let slot = ctx.stats.time(Step::SlotWait, || agent.ring.acquire())?;
         ctx.progress(slot.completed_bytes());
@@ -94,6 +98,13 @@ fn fill(ctx: &Ctx<'_>, how: Fill<'_>, slot: FreeSlot, r: &Range<u64>) -> Result<
             Ok(slot.copy_from(part)?)
         }
         Fill::Direct(f) => direct_read(slot, f, ctx.file, r.clone()),
+        Fill::Cold(c) => {
+            let (full, way) = c.read(slot, ctx.file, r.clone())?;
+            if way == Way::Buffered {
+                ctx.stats.buffered_bytes.fetch_add(r.end - r.start, Ordering::Relaxed);
+            }
+            Ok(full)
+        }
     }
 }
 

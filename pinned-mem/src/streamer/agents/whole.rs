@@ -32,7 +32,7 @@ pub(in crate::streamer) fn whole_agent<S: Sink>(crew: Crew<'_, S>, reg: &PinnedR
 fn copy_pieces<S: Sink>(crew: &Crew<'_, S>, reg: &PinnedRange, queue: &mut Queue) -> Result<()> {
     let mut out = Vec::new();
     while !crew.ctx.aborted() {
-        let Some(r) = crew.claims.front(PIECE) else { break };
+        let Some(r) = crew.front(PIECE) else { break };
         if queue.is_full() {
             queue.retire_batch(crew.ctx, 1)?;
         }

@@ -80,7 +80,7 @@ fn claim_windows<S: Sink>(crew: &Crew<'_, S>, windows: Windows, queue: &mut Queu
         let r = match rest.take() {
             Some(r) => r,
             None => {
-                let Some(r) = crew.claims.front_leaving(windows.window, windows.leave) else { break };
+                let Some(r) = crew.front_leaving(windows.window, windows.leave) else { break };
                 r
             }
         };

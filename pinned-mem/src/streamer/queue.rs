@@ -1,0 +1,95 @@
+//! The worker's queue of transfers ([`JobQueue`]): the jobs
+//! [`Streamer::start`](super::Streamer::start) sent, behind those the worker
+//! took but has still to run (a chained pass gives back the ones it did not
+//! run). The worker looks at what is queued behind a transfer to plan a
+//! chained pass for the whole run of them (`chain.rs`).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+
+use super::transfer::Job;
+use crate::mapping::MappedFile;
+
+/// The worker's queue: jobs taken from the channel but not run yet first,
+/// then the channel.
+pub(super) struct JobQueue {
+    rx: Receiver<Job>,
+    ahead: VecDeque<Job>,
+}
+
+impl JobQueue {
+    /// The queue of the jobs `rx` brings.
+    pub(super) fn new(rx: Receiver<Job>) -> JobQueue {
+        JobQueue { rx, ahead: VecDeque::new() }
+    }
+
+    /// The next job, without waiting; `None` when none is queued now.
+    pub(super) fn try_next(&mut self) -> Option<Job> {
+        self.ahead.pop_front().or_else(|| self.rx.try_recv().ok())
+    }
+
+    /// The next job, waiting for one; `None` once the channel is closed and
+    /// nothing is left.
+    pub(super) fn next(&mut self) -> Option<Job> {
+        self.ahead.pop_front().or_else(|| self.rx.recv().ok())
+    }
+
+    /// Puts `jobs` back at the front, in their order: they run next.
+    pub(super) fn put_back(&mut self, jobs: Vec<Job>) {
+        for job in jobs.into_iter().rev() {
+            self.ahead.push_front(job);
+        }
+    }
+
+    /// Bytes of the jobs queued now that a chained pass reading `file` from
+    /// a range ending at `end` could take, one after the other: each of the
+    /// same mapping, not empty, and at or after the end of the one before
+    /// (whatever they must follow: a chained pass waits for that).
+    pub(super) fn queued_run(&mut self, file: &Arc<MappedFile>, end: u64) -> u64 {
+        while let Ok(job) = self.rx.try_recv() {
+            self.ahead.push_back(job);
+        }
+        run_bytes(self.ahead.iter().map(|j| (&j.file, &j.range)), file, end)
+    }
+}
+
+/// Bytes of the leading ranges of `jobs` (file, range) that follow each
+/// other in `file` from `end` on (see [`JobQueue::queued_run`]).
+fn run_bytes<'a>(
+    jobs: impl Iterator<Item = (&'a Arc<MappedFile>, &'a Range<u64>)>,
+    file: &Arc<MappedFile>,
+    end: u64,
+) -> u64 {
+    let (mut end, mut bytes) = (end, 0u64);
+    for (f, r) in jobs {
+        if !Arc::ptr_eq(f, file) || r.start < end || r.start >= r.end {
+            break;
+        }
+        bytes = bytes.saturating_add(r.end - r.start);
+        end = r.end;
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_the_ascending_ranges_of_one_file() {
+        let dir = std::env::temp_dir().join(format!("wirespeed-queue-run-{}", std::process::id()));
+        std::fs::write(&dir, [0u8; 4096]).unwrap();
+        // SAFETY: the test's own file, not written while mapped.
+        let (a, b) = unsafe { (MappedFile::open(&dir).unwrap(), MappedFile::open(&dir).unwrap()) };
+        let jobs = [(&a, 100..200), (&a, 300..400), (&a, 400..450), (&a, 10..20), (&a, 500..600)];
+        let run = |jobs: &[(&Arc<MappedFile>, Range<u64>)], end| run_bytes(jobs.iter().map(|(f, r)| (*f, r)), &a, end);
+        assert_eq!(run(&jobs, 100), 250, "gaps are fine; a range behind the last ends the run");
+        assert_eq!(run(&jobs, 150), 0, "the first starts before the end");
+        assert_eq!(run(&[(&b, 100..200)], 0), 0, "another mapping");
+        assert_eq!(run(&[(&a, 100..100), (&a, 200..300)], 0), 0, "an empty range ends the run");
+        drop((a, b));
+        std::fs::remove_file(&dir).unwrap();
+    }
+}
