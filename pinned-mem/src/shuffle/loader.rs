@@ -1,8 +1,6 @@
 //! [`Loader`]: shuffled batches of records from files of any size, gathered
 //! on the GPU into device memory the caller owns.
 
-use std::sync::Arc;
-
 use wirespeed_cuda::{
     Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, Kernel, PinnedBuffer, RegistrationContext, Stream,
 };
@@ -489,7 +487,7 @@ fn resident(device: &Device, arrays: &[Records], budget: u64, streamer: &Streame
 }
 
 fn registered(device: &Device, arrays: &[Records], config: &LoaderConfig) -> Result<Vec<PinnedRange>> {
-    let ctx = RegistrationContext::new(device).ok().map(Arc::new);
+    let ctx = RegistrationContext::shared(device).ok();
     let opts = PinOptions { mlock: false, portable: true };
     let mut ranges = Vec::with_capacity(arrays.len());
     for a in arrays {
