@@ -1,26 +1,117 @@
 #!/usr/bin/env bash
 # On a GPU machine without Rust, after `scripts/gpu-bundle.sh` here and a copy
-# of the repository there (with .gpu/): the whole suite with CUDA_REQUIRED=1,
-# the loader probe on the system runtime and on the wheel runtimes packed in
-# .gpu/libs, and the benchmark. Logs and results go to $OUT (default ./gpu-out).
+# of the repository there (with .gpu/): the stages named on the command line
+# (default: suite probe bench), each log named by what it measured, in $OUT
+# (default ./gpu-out).
 #
-#   scripts/gpu-check.sh                # suite, probe, full bench
-#   BENCH_ARGS="--quick" scripts/gpu-check.sh
+#   scripts/gpu-check.sh                       # suite, loader probe, full bench
+#   scripts/gpu-check.sh suite12 shuffle python
+#
+# Stages:
+#   suite     the whole suite with CUDA_REQUIRED=1 on the system runtime
+#   suite12   the runtime, kernel and loader tests on CUDA 12's runtime (.gpu/libs)
+#   probe     the loader probe on the system runtime and the packed wheel runtimes
+#   bench     the full bench (BENCH_ARGS adds arguments)
+#   compare   auto, ring-cache, windows and budget-reuse by every packed bench
+#             (.gpu/bin/bench-*: earlier commits' benches, packed by hand) and this one
+#   shuffle   the shuffle bench (SHUFFLE_ARGS adds arguments), then a cold pool run
+#   python    the Python package (.gpu/wheels): the training example alone and
+#             under torchrun (two ranks, one GPU), the ranks' shares checked
+#   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
+#             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
+#             rows through the ring beside PyTorch's, and Python's batches and read_into
 set -u
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 CUDA_REQUIRED=1
+[ -d .gpu/libs ] && export CUDA_WHEEL_LIBS="$PWD/.gpu/libs"
+stages=("$@")
+[ ${#stages[@]} = 0 ] && stages=(suite probe bench)
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
-echo "== suite"
-timeout 300 .gpu/run.sh >"$out/suite.log" 2>&1
-echo "suite rc=$?"
-grep -E "^=== every|^=== FAILED|FAILED|^failures:" "$out/suite.log"
-grep -E "^test result" "$out/suite.log" | awk '{p+=$4; f+=$6; i+=$8} END {print "tests passed", p, "failed", f, "ignored", i}'
-echo "== loader probe: the system runtime, then the wheel runtimes"
-{ .gpu/run.sh probe; ls .gpu/libs/libcudart.so.* >/dev/null 2>&1 && .gpu/run.sh probe .gpu/libs/libcudart.so.*; } >"$out/probe.log" 2>&1
-cut -c1-160 "$out/probe.log"
-echo "== bench"
-# shellcheck disable=SC2086
-timeout 420 .gpu/run.sh bench ${BENCH_ARGS:-} --out "$out" >"$out/bench.log" 2>&1
-echo "bench rc=$?"
-sed -n '/^strategy\|^run /,$p' "$out/bench.log" | head -80
+
+summary() { # the pass/fail lines of a suite log
+  grep -E "^=== every|^=== FAILED|^failures:|FAILED" "$1" | head -20
+  grep -E "^test result" "$1" | awk '{p+=$4; f+=$6; i+=$8} END {print "tests passed", p, "failed", f, "ignored", i}'
+}
+
+python_env() { # the packed wheel, installed once
+  if [ ! -d /tmp/wirespeed-site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/wirespeed-site .gpu/wheels/*.whl || return 1
+  fi
+  export PYTHONPATH=/tmp/wirespeed-site${PYTHONPATH:+:$PYTHONPATH}
+}
+
+for stage in "${stages[@]}"; do
+  echo "== $stage ($(date +%T))"
+  case $stage in
+  suite)
+    timeout 300 .gpu/run.sh >"$out/suite-cuda13.log" 2>&1
+    echo "suite rc=$?"
+    summary "$out/suite-cuda13.log"
+    ;;
+  suite12)
+    lib=$PWD/.gpu/libs/libcudart.so.12
+    for t in safe_kernel shuffle_loader loader safe_api safe_async pinned_stream; do
+      echo "=== $t"
+      CUDA_SYS_RUNTIME=$lib timeout 120 ".gpu/tests/$t" --test-threads=1 2>&1
+    done >"$out/suite-cuda12-kernel-loader-api.log"
+    summary "$out/suite-cuda12-kernel-loader-api.log"
+    ;;
+  probe)
+    { .gpu/run.sh probe; ls .gpu/libs/libcudart.so.* >/dev/null 2>&1 && .gpu/run.sh probe .gpu/libs/libcudart.so.*; } >"$out/loader-probe.log" 2>&1
+    cut -c1-160 "$out/loader-probe.log"
+    ;;
+  bench)
+    # shellcheck disable=SC2086
+    timeout 420 .gpu/run.sh bench ${BENCH_ARGS:-} --out "$out" >"$out/bench.log" 2>&1
+    echo "bench rc=$?"
+    sed -n '/^strategy\|^run /,$p' "$out/bench.log" | head -80
+    ;;
+  compare)
+    rows=auto,ring-cache,windows,budget-reuse
+    for b in .gpu/bin/bench-* .gpu/bin/bench; do
+      name=$(basename "$b")
+      timeout 150 "$b" --only $rows --no-cold --size 4G --budget 512M >"$out/compare-$name.log" 2>&1
+      echo "$name rc=$?"
+      grep -E "^(auto|ring-cache|windows|budget-reuse|line rate)|GB/s" "$out/compare-$name.log" | head -12
+    done
+    ;;
+  shuffle)
+    # shellcheck disable=SC2086
+    timeout 420 .gpu/run.sh shuffle --json "$out/shuffle.json" ${SHUFFLE_ARGS:-} >"$out/shuffle-32g-file-4g-pin-8g-pool.log" 2>&1
+    echo "shuffle rc=$?"
+    sed -n '/^| row/,$p' "$out/shuffle-32g-file-4g-pin-8g-pool.log"
+    timeout 120 .gpu/run.sh shuffle --size 8G --ways pool --cold --reps 1 --no-torch --no-python \
+      >"$out/shuffle-8g-file-cold-pool.log" 2>&1
+    echo "cold rc=$?"
+    sed -n '/^| row/,$p' "$out/shuffle-8g-file-cold-pool.log"
+    ;;
+  python)
+    python_env || { echo "no wheel"; continue; }
+    timeout 200 python3 python/examples/train_memmap.py --records 2000000 --steps 300 --folder /tmp \
+      >"$out/python-train-memmap-loader-vs-dataloader.log" 2>&1
+    echo "train rc=$?"; tail -5 "$out/python-train-memmap-loader-vs-dataloader.log"
+    timeout 200 python3 -m torch.distributed.run --nproc_per_node=2 python/examples/train_memmap.py \
+      --records 2000000 --steps 200 --folder /tmp --no-dataloader >"$out/python-train-memmap-torchrun-2-ranks.log" 2>&1
+    echo "torchrun rc=$?"; tail -4 "$out/python-train-memmap-torchrun-2-ranks.log"
+    WIRESPEED_DDP_REAL=1 timeout 200 python3 -m pytest -q --noconftest -p no:cacheprovider \
+      python/tests/test_loader_ddp.py >"$out/python-torchrun-ranks-disjoint.log" 2>&1
+    echo "ddp test rc=$?"; tail -3 "$out/python-torchrun-ranks-disjoint.log"
+    ;;
+  first)
+    timeout 240 .gpu/run.sh bench --size 16G --budget 4G --only auto,one-shot,new-map --strategy auto/spans=64M \
+      --no-cold >"$out/bench-16g-file-4g-budget-one-shot-new-map-64m-spans.log" 2>&1
+    echo "first-use bench rc=$?"
+    grep -E "GB/s|line rate|PASS|MISS" "$out/bench-16g-file-4g-budget-one-shot-new-map-64m-spans.log" | head -20
+    python_env || { echo "no wheel"; continue; }
+    timeout 150 .gpu/run.sh bench --size 1G --only ring-cache --pytorch-rows --no-cold >"$out/bench-rows-ring-reserve.log" 2>&1
+    echo "rows rc=$?"; grep -iE "rows|anchor|PASS|MISS" "$out/bench-rows-ring-reserve.log" | head -12
+    timeout 200 python3 python/examples/file_batches.py /tmp/file-batches-4g.bin --passes 3 \
+      >"$out/python-file-batches-first-pass.log" 2>&1
+    echo "file_batches rc=$?"; tail -8 "$out/python-file-batches-first-pass.log"
+    timeout 120 python3 python/examples/rows.py >"$out/python-rows-read-into-from-host.log" 2>&1
+    echo "rows.py rc=$?"; tail -8 "$out/python-rows-read-into-from-host.log"
+    ;;
+  *) echo "unknown stage $stage" ;;
+  esac
+done
