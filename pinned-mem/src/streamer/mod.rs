@@ -325,7 +325,8 @@ impl Streamer {
     /// `split_at_mut`, or device memory allocated elsewhere, through
     /// [`DeviceSliceMut::from_raw_parts`]); its element type is any
     /// [`Pod`] type, filled with the file's bytes as they are (native byte
-    /// order), and it holds exactly the range's bytes.
+    /// order), and it holds exactly the range's bytes. An empty range moves
+    /// nothing and answers an empty report (0 bytes, no registration).
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -433,7 +434,8 @@ impl Streamer {
     /// dropping or leaking the handle does not stop the transfer, and `dst`'s
     /// owner stays safe to drop or read: it waits for the transfer (see
     /// [`wirespeed_cuda::DetachedSliceMut`]). Dropping the streamer waits for
-    /// every transfer it started.
+    /// every transfer it started. An empty range ends at once, as through
+    /// [`Streamer::to_device`]: its handle answers an empty report.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -503,8 +505,16 @@ impl Streamer {
         let len = check_range(file, &range)?;
         let dst = bytes_of_range(WHAT, dst.into(), len)?;
         let stream = s.stream_of(dst.device())?;
-        let after = options.after_event()?;
         let state = Arc::new(TransferState::default());
+        if len == 0 {
+            // Nothing to move, nothing to order: it ends now, as `to_device`
+            // of an empty range does (queued, it would wait for the
+            // transfers before it for nothing).
+            let verified = s.config.verify.then_some(true);
+            state.finish(Ok(Report::nothing(s.config.strategy.normalized()?, s.config.budget.used(), verified)));
+            return Ok(Transfer::new(state, s));
+        }
+        let after = options.after_event()?;
         let job = Job { file: file.clone(), range, dst: dst.detach(), stream, after, state: state.clone() };
         self.submit(job)?;
         Ok(Transfer::new(state, s))

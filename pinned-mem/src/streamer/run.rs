@@ -25,7 +25,7 @@ use super::claims::{Claims, Feed};
 use super::config::CopyStreams;
 use super::ctx::{Ctx, TAIL_SPIN, channel, panic_message, wait_tail};
 use super::lanes::{AgentStreamSet, AgentStreams, join_agents};
-use super::report::{Breakdown, Report, WindowContext};
+use super::report::{Report, WindowContext};
 use super::shared::Shared;
 use super::sink::{DevicesSink, Enqueued, Sink};
 use super::stats::{PassStats, Step};
@@ -360,18 +360,7 @@ impl Clock {
 
     /// The report of a pass that moved nothing.
     fn nothing(&self, strategy: Strategy, verified: Option<bool>) -> Report {
-        Report {
-            strategy,
-            bytes: 0,
-            seconds: 0.0,
-            cpu_seconds: 0.0,
-            peak_pinned: self.watch.peak(),
-            registrations: 0,
-            verified,
-            windows: WindowContext::None,
-            chained: false,
-            breakdown: Breakdown::default(),
-        }
+        Report::nothing(strategy, self.watch.peak(), verified)
     }
 
     /// The report of a pass of `strategy` that ran with `ctx` into `sink`
