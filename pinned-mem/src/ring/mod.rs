@@ -110,8 +110,16 @@ impl PinnedRing {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for zero sizes, [`Error::BudgetExceeded`], and
-    /// `cudaHostAlloc`'s error. On error nothing stays allocated or drawn.
+    /// [`Error::InvalidArgument`] for zero sizes, more than 65536 slots or
+    /// slots of more than 1 TiB (checked before anything is allocated),
+    /// [`Error::BudgetExceeded`], and `cudaHostAlloc`'s error. On error nothing
+    /// stays allocated or drawn.
+    ///
+    /// ```
+    /// use wirespeed_pinned::{Error, PinBudget, PinnedRing};
+    /// let e = PinnedRing::new(1 << 40, 4096, &PinBudget::unlimited()).unwrap_err();
+    /// assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    /// ```
     pub fn new(slots: usize, slot_bytes: usize, budget: &PinBudget) -> Result<PinnedRing> {
         Ok(PinnedRing { inner: Arc::new(RingInner::new(slots, slot_bytes, budget)?) })
     }

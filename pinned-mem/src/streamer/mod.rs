@@ -162,8 +162,11 @@ impl Streamer {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for no device, a repeated one, more than 64,
-    /// or a bad strategy; CUDA's error creating streams and events.
+    /// a bad strategy, more than 1024 [`StreamConfig::reserve_threads`] or a
+    /// [`StreamConfig::reserve_room`] that is not a number; CUDA's error
+    /// creating streams and events.
     pub fn new(devices: &[Device], config: StreamConfig) -> Result<Streamer> {
+        config.check()?;
         Ok(Streamer { shared: Arc::new(Shared::new(devices, config)?), worker: Mutex::new(None) })
     }
 
