@@ -246,7 +246,8 @@ impl PinnedRing {
         self.acquire_until(Some(Instant::now()))
     }
 
-    /// As [`PinnedRing::acquire`], giving up with `None` after `timeout`.
+    /// As [`PinnedRing::acquire`], giving up with `None` after `timeout` (one
+    /// past the clock's range, such as `Duration::MAX`, never gives up).
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -260,7 +261,8 @@ impl PinnedRing {
     /// # Errors
     /// As [`PinnedRing::acquire`].
     pub fn acquire_timeout(&self, timeout: Duration) -> Result<Option<FreeSlot>> {
-        self.acquire_until(Some(Instant::now() + timeout))
+        // A timeout past the clock's range waits as long as `acquire`.
+        self.acquire_until(Instant::now().checked_add(timeout))
     }
 
     fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<FreeSlot>> {
