@@ -199,6 +199,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // slices of one range, on purpose
     fn the_uncovered_parts_of_a_range() {
         assert_eq!(uncovered(&[], &(0..10)), vec![0..10]);
         assert_eq!(uncovered(&[2..4, 3..5, 8..20], &(0..10)), vec![0..2, 5..8]);
