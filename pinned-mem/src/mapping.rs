@@ -21,6 +21,8 @@ use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, Pod};
 
 use crate::budget::Reservation;
 use crate::error::{Error, Result};
+use crate::memlock::LockTable;
+use crate::populate::{Populated, mark_unsupported};
 use crate::registry::Registry;
 use crate::util::{align_down, align_up, page_size};
 
@@ -43,6 +45,16 @@ pub(crate) type FileRegistry = Registry<HostRegistration<FileWindow>>;
 /// ```
 ///
 /// Opening is `unsafe`: see [`MappedFile::open`] for the contract.
+///
+/// A fresh mapping has no page tables: the first read of each few pages takes
+/// a page fault, even where the file is in the page cache. The streamer's
+/// ring threads (which copy from the mapping) therefore populate each part
+/// of it, 2 MiB at a time, just before they first copy from it
+/// ([`MappedFile::populate`]'s call; a part is populated once, until
+/// [`MappedFile::drop_page_cache`]). Windows and whole-file registrations need
+/// none: registering pins, and so maps, the pages itself. Call
+/// [`MappedFile::populate`] yourself before reading a fresh mapping through
+/// [`MappedFile::as_bytes`] in bulk.
 pub struct MappedFile {
     ptr: NonNull<u8>,
     len: u64,
@@ -52,6 +64,11 @@ pub struct MappedFile {
     id: (u64, u64),
     /// The live registrations of the mapping's pages (see `registry.rs`).
     pub(crate) registry: Arc<FileRegistry>,
+    /// Pages locked for ranges that share a registration made without
+    /// `mlock` ([`PageLock`]).
+    locks: LockTable,
+    /// The parts whose page tables the ring threads populated (`populate.rs`).
+    populated: Populated,
 }
 
 // SAFETY: the mapping is read-only shared memory owned by this value; reading
@@ -149,6 +166,8 @@ impl MappedFile {
             file,
             path,
             registry: Registry::new(),
+            locks: LockTable::default(),
+            populated: Populated::new(map_len as u64),
         };
         // The size was read before mapping: check it still holds (a file being
         // written or truncated now would make part of the mapping fault).
@@ -339,8 +358,82 @@ impl MappedFile {
             Ok(()) | Err(nix::errno::Errno::EINVAL) => {} // EINVAL: locked pages (see above)
             Err(e) => return Err(Error::io("madvise(MADV_DONTNEED)", &self.path, e.into())),
         }
+        self.populated.clear(); // the page tables are gone
         nix::fcntl::posix_fadvise(&self.file, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
             .map_err(|e| Error::io("posix_fadvise(DONTNEED)", &self.path, e.into()))
+    }
+
+    /// Populates the page tables of bytes `range` now
+    /// (`MADV_POPULATE_READ`, Linux 5.14 and later), so that reading them
+    /// takes no page fault: pages in the page cache are mapped at once, the
+    /// others read from the file first, as a read of them would. Answers
+    /// `false`, having done nothing, where the kernel lacks the call.
+    ///
+    /// Use it on a fresh mapping of a page-cached file before reading it in
+    /// bulk through [`MappedFile::as_bytes`]: the faults it saves are a large
+    /// share of a first pass's cost. The streamer does this itself for the
+    /// parts its ring threads copy (see [`MappedFile`]); calling it first
+    /// does no harm.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-populate-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![5u8; 1 << 20])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// let done = f.populate(0..f.len())?; // false on kernels before 5.14
+    /// assert_eq!(f.as_bytes().iter().map(|&b| u64::from(b)).sum::<u64>(), 5 << 20);
+    /// # let _ = done; std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`] for a reversed range or one past the end of the
+    /// file; [`Error::Io`] when `madvise` fails otherwise (`EFAULT` for pages
+    /// a truncation removed, `EIO` for a read error).
+    pub fn populate(&self, range: Range<u64>) -> Result<bool> {
+        self.check_range(&range)?;
+        if range.start == range.end {
+            return Ok(true);
+        }
+        let page = page_size();
+        let pages = align_down(range.start, page)..align_up(range.end, page).min(self.map_len as u64);
+        match self.advise_populate(pages) {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
+                mark_unsupported();
+                Ok(false)
+            }
+            Err(e) => Err(Error::io("madvise(MADV_POPULATE_READ)", &self.path, e.into())),
+        }
+    }
+
+    /// Populates the page tables of the parts of `range` not populated since
+    /// the mapping was made or its page cache dropped, 2 MiB at a time
+    /// (`populate.rs`): what the ring threads do before they first copy a
+    /// part. Never fails: where the kernel lacks or refuses the call, reading
+    /// faults the pages in as it would have.
+    pub(crate) fn populate_fresh(&self, range: Range<u64>) {
+        if let Some(span) = self.populated.claim(&range, self.map_len as u64)
+            && let Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) = self.advise_populate(span)
+        {
+            mark_unsupported();
+        }
+    }
+
+    /// `madvise(MADV_POPULATE_READ)` of `pages`, whole pages of the mapping
+    /// (the last one may end at the mapping's end).
+    fn advise_populate(&self, pages: Range<u64>) -> nix::Result<()> {
+        if pages.start >= pages.end || pages.end > self.map_len as u64 || !pages.start.is_multiple_of(page_size()) {
+            return Err(nix::errno::Errno::EINVAL);
+        }
+        // SAFETY: `[start, end)` lies inside this value's mapping (checked
+        // above), which it keeps mapped. MADV_POPULATE_READ only fills page
+        // tables (reading the file's pages in where they are not cached): the
+        // contents, and every `&[u8]` into them, stay as they are.
+        unsafe {
+            let at = self.ptr.add(pages.start as usize);
+            nix::sys::mman::madvise(at.cast(), (pages.end - pages.start) as usize, MmapAdvise::MADV_POPULATE_READ)
+        }
     }
 
     /// How many bytes of `range` are in the page cache now (`mincore`), counted
@@ -461,17 +554,7 @@ impl MappedFile {
 
     /// The pages `[start, end)` as a window that can be registered.
     pub(crate) fn window(self: &Arc<Self>, pages: Range<u64>) -> Result<FileWindow> {
-        let page = page_size();
-        if pages.start >= pages.end
-            || !pages.start.is_multiple_of(page)
-            || !pages.end.is_multiple_of(page)
-            || pages.end > self.map_len()
-        {
-            return Err(Error::invalid(
-                "MappedFile::window",
-                format!("pages {pages:?} are not whole pages of the mapping"),
-            ));
-        }
+        self.check_pages("MappedFile::window", &pages)?;
         Ok(FileWindow {
             file: Arc::clone(self),
             offset: pages.start as usize,
@@ -480,6 +563,57 @@ impl MappedFile {
             reservation: None,
             gone: Arc::new(AtomicBool::new(false)),
         })
+    }
+}
+
+impl MappedFile {
+    /// Locks `pages` (whole pages of the mapping) for a range that shares a
+    /// registration made without `mlock`, until the answer is dropped: each
+    /// page stays locked while any such range of it lives (see
+    /// `memlock::LockTable`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for pages outside the mapping;
+    /// [`Error::MemlockLimit`] (nothing stays locked then).
+    pub(crate) fn lock_pages(self: &Arc<Self>, pages: Range<u64>) -> Result<PageLock> {
+        self.check_pages("MappedFile::lock_pages", &pages)?;
+        let r = pages.start as usize..pages.end as usize;
+        // SAFETY: whole pages inside this mapping (checked above), which the
+        // `PageLock`'s `Arc` keeps mapped until it releases them, with the
+        // one `base` this table is ever used with.
+        unsafe { self.locks.hold(self.ptr, r.clone(), &self.path) }?;
+        Ok(PageLock { file: Arc::clone(self), pages: r })
+    }
+
+    /// Refuses `pages` that are not whole pages of the mapping.
+    fn check_pages(&self, what: &'static str, pages: &Range<u64>) -> Result<()> {
+        let page = page_size();
+        if pages.start >= pages.end
+            || !pages.start.is_multiple_of(page)
+            || !pages.end.is_multiple_of(page)
+            || pages.end > self.map_len()
+        {
+            return Err(Error::invalid(what, format!("pages {pages:?} are not whole pages of the mapping")));
+        }
+        Ok(())
+    }
+}
+
+/// Pages of a mapping locked for one range that shares a registration made
+/// without `mlock` ([`MappedFile::lock_pages`]); unlocked when dropped, where
+/// no other such range covers them. Forgetting it leaves them locked (and
+/// the mapping mapped).
+pub(crate) struct PageLock {
+    file: Arc<MappedFile>,
+    pages: Range<usize>,
+}
+
+impl Drop for PageLock {
+    fn drop(&mut self) {
+        let f = &self.file;
+        // SAFETY: held by `lock_pages` with the same base and range, and still
+        // mapped (this value holds the `Arc`).
+        unsafe { f.locks.release(f.ptr, self.pages.clone()) };
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::error::{Error, Result};
-use crate::util::{Bytes, align_up, page_size};
+use crate::util::{Bytes, MAX_COUNT, MAX_SIZE, MAX_THREADS, page_size};
 
 /// How a [`Streamer`](crate::Streamer) moves bytes. Sizes are in bytes.
 ///
@@ -95,15 +95,6 @@ pub(crate) const HYBRID_SLOTS_PER_THREAD: usize = 4;
 /// between the fill and the DMA, large enough that a copy runs near the line
 /// rate (smaller copies fall short of it).
 const AUTO_SLOT: u64 = 4 << 20;
-/// The most filler or reader threads a strategy may ask for.
-pub(crate) const MAX_THREADS: usize = 1024;
-/// The most windows in flight or ring slots a strategy may ask for (the streamer
-/// keeps state per window and per slot).
-pub(crate) const MAX_COUNT: usize = 1 << 16;
-/// The largest window or slot (1 TiB): beyond it sizes overflow page rounding
-/// and offsets long before any budget could grant them.
-pub(crate) const MAX_SIZE: usize = 1 << 40;
-
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = |x: usize| Bytes(x as u64);
@@ -270,7 +261,8 @@ const HYBRID_WINDOW_MAX: u64 = 128 * MIB;
 /// [`Report::breakdown`]: crate::Report::breakdown
 pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Strategy> {
     let page = page_size();
-    if align_up(len, page) + page <= avail {
+    // The range's pages and a page of slack, where that sum has a value.
+    if len.checked_next_multiple_of(page).and_then(|p| p.checked_add(page)).is_some_and(|need| need <= avail) {
         return Some(Strategy::WholeFile);
     }
     let floor_pow2 = |x: u64| if x == 0 { 0 } else { 1u64 << (63 - x.leading_zeros()) };
@@ -287,8 +279,9 @@ pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Stra
     let slots = (threads * HYBRID_SLOTS_PER_THREAD) as u64;
     let slot = floor_pow2((avail / 4 / slots).saturating_sub(page)).min(AUTO_SLOT);
     if slot >= MIB {
-        let ring = (slot + page - 1) * slots;
-        let window = ((avail - ring) / HYBRID_IN_FLIGHT as u64 / MIB * MIB).min(HYBRID_WINDOW_MAX);
+        // At most a quarter of `avail` (see `slot`).
+        let ring = slot.saturating_add(page - 1).saturating_mul(slots);
+        let window = (avail.saturating_sub(ring) / HYBRID_IN_FLIGHT as u64 / MIB * MIB).min(HYBRID_WINDOW_MAX);
         if window >= 32 * MIB {
             return Some(Strategy::Hybrid { window: window as usize, slot: slot as usize, threads });
         }
@@ -377,6 +370,16 @@ mod tests {
         assert!(matches!(plan(gib, 40 * MIB, 2, false), Some(Strategy::Ring { .. })));
         assert!(matches!(plan(gib, 2 * MIB, 2, false), Some(Strategy::Ring { .. })));
         assert_eq!(plan(gib, 1000, 2, false), None);
+        // Lengths whose pages (and a page) do not fit in u64 plan within the
+        // budget, never whole-file (rounding once wrapped to 0).
+        for len in [u64::MAX, u64::MAX - 4095, u64::MAX - page_size(), 1 << 63] {
+            for avail in [16 * MIB, u64::MAX] {
+                let s = plan(len, avail, 2, false).expect("a plan");
+                let fits = len == 1 << 63 && avail == u64::MAX;
+                assert_eq!(s == Strategy::WholeFile, fits, "{len} in {avail}: {s}");
+                assert!(s.pinned_bytes(len).unwrap() <= avail, "{s} over {avail}");
+            }
+        }
         for avail in [MIB, 10 * MIB, 100 * MIB, gib, 10 * gib] {
             for cpus in [1, 2, 16, 64] {
                 for cold in [false, true] {

@@ -38,6 +38,16 @@ impl fmt::Display for Bytes {
     }
 }
 
+/// The most filler or reader threads a strategy may ask for, and ring
+/// threads a streamer may keep in reserve.
+pub(crate) const MAX_THREADS: usize = 1024;
+/// The most windows in flight or ring slots a strategy or a ring may ask for
+/// (state is kept per window and per slot, sized before anything is pinned).
+pub(crate) const MAX_COUNT: usize = 1 << 16;
+/// The largest window or slot (1 TiB): beyond it sizes overflow page rounding
+/// and offsets long before any budget could grant them.
+pub(crate) const MAX_SIZE: usize = 1 << 40;
+
 /// The system page size (4096 when it cannot be read).
 pub(crate) fn page_size() -> u64 {
     use std::sync::OnceLock;

@@ -318,3 +318,55 @@ fn auto_plans_a_chain_for_its_queued_total() {
     drop((s, bufs, first, mine, budget));
     t.assert_clean();
 }
+
+/// An empty range through `start` ends as through `to_device`: with an empty
+/// report, whatever the strategy, alone or between transfers queued back to
+/// back (which still land). The windows, ring and hybrid strategies once
+/// queued it as the first transfer of a chained pass, which moved nothing
+/// and so never finished it: `wait` failed with "its pass ended before its
+/// copies were".
+#[test]
+fn an_empty_range_through_start_ends_as_through_to_device() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-empty");
+    let (file, data) = data_file(&dir, 35, 2 * SPAN);
+    let dev = Device::get(0).unwrap();
+    let mut every = strategies().to_vec();
+    every.extend([Strategy::Auto, Strategy::WholeFile]);
+    for strategy in every {
+        let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(4 << 20))).unwrap();
+        let mut empty = DeviceBuffer::<u8>::new(&dev, 0).unwrap();
+        let want = s.to_device(&file, 5..5, &mut empty).unwrap();
+        let got = s.start(&file, 5..5, &mut empty).unwrap().wait();
+        let got = got.unwrap_or_else(|e| panic!("{strategy}: {e}"));
+        assert_eq!((got.bytes, got.registrations, got.strategy), (want.bytes, want.registrations, want.strategy));
+        assert_eq!(got.verified, want.verified, "{strategy}");
+        // Between transfers queued back to back; `then_on` answers at once.
+        let (mut a, mut b) =
+            (DeviceBuffer::<u8>::new(&dev, SPAN).unwrap(), DeviceBuffer::<u8>::new(&dev, SPAN).unwrap());
+        let mine = Stream::new(&dev).unwrap();
+        let ta = s.start(&file, span(0), &mut a).unwrap();
+        let te = s.start(&file, span(1).start..span(1).start, &mut empty).unwrap();
+        let tb = s.start(&file, span(1), &mut b).unwrap();
+        te.then_on(&mine).unwrap_or_else(|e| panic!("{strategy}: {e}"));
+        assert_eq!(te.wait().unwrap_or_else(|e| panic!("{strategy}: {e}")).bytes, 0);
+        let (ra, rb) = (ta.wait().unwrap(), tb.wait().unwrap());
+        assert_eq!((ra.bytes, rb.bytes), (SPAN as u64, SPAN as u64), "{strategy}");
+        assert!(a.to_vec().unwrap() == data[..SPAN] && b.to_vec().unwrap() == data[SPAN..], "{strategy}");
+        drop((s, a, b, empty, mine));
+    }
+    // With verification and an empty budget too: an empty range pins nothing
+    // (to_device once asked the budget for its bounce buffer, and failed).
+    let cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(0)).with_verify(true);
+    let s = Streamer::new(&[dev], cfg).unwrap();
+    let mut empty = DeviceBuffer::<u8>::new(&dev, 0).unwrap();
+    let want = s.to_device(&file, 5..5, &mut empty).unwrap();
+    let got = s.start(&file, 5..5, &mut empty).unwrap().wait().unwrap();
+    assert_eq!((want.bytes, want.verified, got.bytes, got.verified), (0, Some(true), 0, Some(true)));
+    let mut scratch = DeviceBuffer::<u8>::new(&dev, 1).unwrap();
+    assert_eq!(s.to_scratch(&file, 7..7, &mut scratch).unwrap().bytes, 0);
+    assert_eq!(s.for_each_chunk(&file, 7..7, 1, |_, _, _, _| panic!("no chunk")).unwrap().bytes, 0);
+    drop((s, empty, scratch));
+    t.assert_clean();
+}

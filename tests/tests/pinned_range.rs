@@ -299,3 +299,109 @@ fn new_on_registers_for_the_device_it_names() {
     assert_eq!(budget.used(), 0);
     t.assert_clean();
 }
+
+/// A range asking for `mlock` inside a live registration made without it
+/// shares that registration and locks its own pages (each page stays locked
+/// while any range that asked for it lives), and a streamer with `mlock` on
+/// streams across such a registration the same way. Both were refused with
+/// `Overlap` ("registered without mlock").
+#[test]
+fn mlock_coexists_with_a_live_range_made_without_mlock() {
+    use wirespeed_pinned::{Strategy, StreamConfig, Streamer};
+    let t = start();
+    let dir = TempDir::new("pm-range-mlock-share");
+    let (f, data) = file(&dir, 13, 64 * PAGE as usize + 123);
+    let budget = PinBudget::unlimited();
+    let before = vm_lck_kb();
+    let mine = PinnedRange::new(&f, 5..32 * PAGE + 5, PinOptions::default(), &budget).unwrap();
+    let locked = PinOptions { mlock: true, portable: false };
+    let kib = |pages: u64| pages * PAGE / 1024;
+    match PinnedRange::new(&f, 4 * PAGE..8 * PAGE, locked, &budget) {
+        Ok(inner) => {
+            assert_eq!((inner.sharers(), inner.is_mlocked(), mine.is_mlocked()), (2, true, false));
+            assert_eq!(vm_lck_kb(), before + kib(4));
+            let other = PinnedRange::new(&f, 6 * PAGE + 1..10 * PAGE - 1, locked, &budget).unwrap();
+            assert_eq!(vm_lck_kb(), before + kib(6), "pages 4..10");
+            assert_eq!(round_trip(&other), &data[6 * PAGE as usize + 1..10 * PAGE as usize - 1]);
+            drop(inner);
+            assert_eq!(vm_lck_kb(), before + kib(4), "pages 6..10 stay locked for the other range");
+            drop(other);
+            assert_eq!(vm_lck_kb(), before);
+        }
+        // Without CAP_IPC_LOCK and a low limit: the typed error, nothing locked.
+        Err(Error::MemlockLimit { .. }) => assert_eq!(vm_lck_kb(), before),
+        Err(e) => panic!("{e}"),
+    }
+    let dev = Device::get(0).unwrap();
+    for strategy in [
+        Strategy::Windows { window: 5 * PAGE as usize, in_flight: 2 },
+        Strategy::Hybrid { window: 5 * PAGE as usize, slot: PAGE as usize, threads: 2 },
+        Strategy::WholeFile,
+        Strategy::Auto,
+    ] {
+        let cfg = StreamConfig::new(strategy, PinBudget::new(1 << 20)).with_mlock(true);
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, data.len()).unwrap();
+        match s.to_device(&f, 0..data.len() as u64, &mut dst) {
+            Ok(r) => assert!(dst.to_vec().unwrap() == data, "{strategy}: {r}"),
+            Err(Error::MemlockLimit { .. }) => {}
+            Err(e) => panic!("{strategy}: {e}"),
+        }
+        drop(s);
+        assert_eq!(vm_lck_kb(), before, "{strategy}: unlocked once done");
+    }
+    assert_eq!((mine.sharers(), mine.is_mlocked()), (1, false));
+    assert_eq!(round_trip(&mine), &data[5..32 * PAGE as usize + 5]);
+    drop(mine);
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
+
+/// A range carries the device it was made for: the current one (`new`), the
+/// one named (`new_on`), the context's (`new_in`); a range sharing a live
+/// registration names its own.
+#[test]
+fn a_range_carries_its_device() {
+    let t = start();
+    let dir = TempDir::new("pm-range-device");
+    let (f, _) = file(&dir, 14, 16 * PAGE as usize);
+    let budget = PinBudget::unlimited();
+    let dev = Device::get(0).unwrap();
+    let a = PinnedRange::new(&f, 0..4 * PAGE, PinOptions::default(), &budget).unwrap();
+    let b = PinnedRange::new_on(&dev, &f, PAGE..2 * PAGE, PinOptions::default(), &budget).unwrap();
+    assert_eq!((a.device(), b.device(), b.sharers()), (dev, dev, 2));
+    if let Ok(ctx) = wirespeed_cuda::RegistrationContext::new(&dev) {
+        let c = PinnedRange::new_in(&Arc::new(ctx), &f, 8 * PAGE..9 * PAGE, PinOptions::default(), &budget).unwrap();
+        assert_eq!(c.device(), dev);
+    }
+    drop((a, b));
+    wirespeed_tests::run_child("device_child", &[("CUDA_EMU_DEVICES", "2")]);
+    t.assert_clean();
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_range_carries_its_device"]
+fn device_child() {
+    if !wirespeed_tests::is_child("device_child") {
+        return;
+    }
+    let _t = wirespeed_tests::start_emulated();
+    let dir = TempDir::new("pm-range-device-child");
+    let (f, data) = file(&dir, 15, 16 * PAGE as usize);
+    let budget = PinBudget::unlimited();
+    let (d0, d1) = (Device::get(0).unwrap(), Device::get(1).unwrap());
+    d1.make_current().unwrap();
+    let current = PinnedRange::new(&f, 0..4 * PAGE, PinOptions::default(), &budget).unwrap();
+    assert_eq!(current.device(), d1, "the current device");
+    let named = PinnedRange::new_on(&d0, &f, 8 * PAGE..12 * PAGE, PinOptions::default(), &budget).unwrap();
+    let shared = PinnedRange::new_on(&d1, &f, 9 * PAGE..10 * PAGE, PinOptions::default(), &budget).unwrap();
+    assert_eq!((named.device(), shared.device(), shared.sharers()), (d0, d1, 2));
+    // Each copies to its own device.
+    for r in [&current, &named] {
+        let stream = Stream::new(&r.device()).unwrap();
+        let mut d = DeviceBuffer::<u8>::new(&r.device(), r.len() as usize).unwrap();
+        stream.copy_to_device(&r.source(), &mut d).unwrap().wait().unwrap();
+        assert_eq!(d.to_vec().unwrap(), &data[r.range().start as usize..r.range().end as usize]);
+    }
+    wirespeed_tests::child_ran("device_child");
+}

@@ -10,7 +10,7 @@ use wirespeed_cuda::{Device, Event, EventOptions, PinnedBuffer, PinnedFlags, Str
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
-use crate::util::page_size;
+use crate::util::{Bytes, MAX_COUNT, MAX_SIZE, page_size};
 
 /// The state shared by a ring's handles and its slot handles.
 pub(super) struct RingInner {
@@ -81,10 +81,14 @@ impl RingInner {
     /// Allocates `slots` free slots of `slot_bytes`, drawing them from `budget`
     /// (see [`PinnedRing::new`](crate::PinnedRing::new)).
     pub(super) fn new(slots: usize, slot_bytes: usize, budget: &PinBudget) -> Result<RingInner> {
-        if slots == 0 || slot_bytes == 0 {
+        // Bounded before anything is sized by them (the slots' state) or drawn.
+        if slots == 0 || slot_bytes == 0 || slots > MAX_COUNT || slot_bytes > MAX_SIZE {
             return Err(Error::invalid(
                 "PinnedRing::new",
-                format!("{slots} slots of {slot_bytes} bytes: both must be > 0"),
+                format!(
+                    "{slots} slots of {slot_bytes} bytes: give 1 to {MAX_COUNT} slots of 1 byte to {} each",
+                    Bytes(MAX_SIZE as u64)
+                ),
             ));
         }
         let total = (slots as u64)

@@ -110,8 +110,16 @@ impl PinnedRing {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for zero sizes, [`Error::BudgetExceeded`], and
-    /// `cudaHostAlloc`'s error. On error nothing stays allocated or drawn.
+    /// [`Error::InvalidArgument`] for zero sizes, more than 65536 slots or
+    /// slots of more than 1 TiB (checked before anything is allocated),
+    /// [`Error::BudgetExceeded`], and `cudaHostAlloc`'s error. On error nothing
+    /// stays allocated or drawn.
+    ///
+    /// ```
+    /// use wirespeed_pinned::{Error, PinBudget, PinnedRing};
+    /// let e = PinnedRing::new(1 << 40, 4096, &PinBudget::unlimited()).unwrap_err();
+    /// assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    /// ```
     pub fn new(slots: usize, slot_bytes: usize, budget: &PinBudget) -> Result<PinnedRing> {
         Ok(PinnedRing { inner: Arc::new(RingInner::new(slots, slot_bytes, budget)?) })
     }
@@ -238,7 +246,8 @@ impl PinnedRing {
         self.acquire_until(Some(Instant::now()))
     }
 
-    /// As [`PinnedRing::acquire`], giving up with `None` after `timeout`.
+    /// As [`PinnedRing::acquire`], giving up with `None` after `timeout` (one
+    /// past the clock's range, such as `Duration::MAX`, never gives up).
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -252,7 +261,8 @@ impl PinnedRing {
     /// # Errors
     /// As [`PinnedRing::acquire`].
     pub fn acquire_timeout(&self, timeout: Duration) -> Result<Option<FreeSlot>> {
-        self.acquire_until(Some(Instant::now() + timeout))
+        // A timeout past the clock's range waits as long as `acquire`.
+        self.acquire_until(Instant::now().checked_add(timeout))
     }
 
     fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<FreeSlot>> {

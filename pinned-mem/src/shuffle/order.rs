@@ -143,9 +143,10 @@ impl Sharding {
         Ok(Sharding { records, batch: batch_size, rank, world, drop_last })
     }
 
-    /// Records of one epoch, over every rank, after padding or cutting.
+    /// Records of one epoch, over every rank, after padding or cutting (at
+    /// most `u64::MAX`: positions past it are not counted).
     pub fn total(&self) -> u64 {
-        self.per_rank() * self.world
+        self.per_rank().saturating_mul(self.world)
     }
 
     /// Records of one rank in one epoch (whole batches and the last, shorter one).
@@ -153,10 +154,12 @@ impl Sharding {
         if self.drop_last { self.records / self.world } else { self.records.div_ceil(self.world) }
     }
 
-    /// This rank's positions in the epoch's padded order.
+    /// This rank's positions in the epoch's padded order (clipped to
+    /// `u64::MAX`, past which no position is counted).
     pub fn positions(&self) -> Range<u64> {
         let n = self.per_rank();
-        self.rank * n..(self.rank + 1) * n
+        let start = self.rank.saturating_mul(n);
+        start..start.saturating_add(n)
     }
 
     /// Batches of this rank in one epoch.
@@ -177,8 +180,8 @@ impl Sharding {
             return 0..0;
         }
         let Range { start, end } = self.positions();
-        let lo = start + b * self.batch;
-        lo..(lo + self.batch).min(end)
+        let lo = start.saturating_add(b.saturating_mul(self.batch)).min(end);
+        lo..lo.saturating_add(self.batch).min(end)
     }
 
     /// The record count of the epoch before padding.

@@ -165,15 +165,17 @@ impl Records {
         self.count
     }
 
-    /// The file's byte range of record `i` (`i < count()`).
+    /// The file's byte range of record `i` (`i < count()`; past the last
+    /// record, offsets are clipped to `u64::MAX` rather than wrapping).
     pub fn range(&self, i: u64) -> std::ops::Range<u64> {
-        let start = self.header + i * self.record_bytes;
-        start..start + self.record_bytes
+        self.span(i..i.saturating_add(1))
     }
 
-    /// The file's byte range of records `first..end`.
+    /// The file's byte range of records `first..end` (clipped to `u64::MAX`
+    /// past the last record, as [`Records::range`]).
     pub fn span(&self, records: std::ops::Range<u64>) -> std::ops::Range<u64> {
-        self.header + records.start * self.record_bytes..self.header + records.end * self.record_bytes
+        let at = |i: u64| self.header.saturating_add(i.saturating_mul(self.record_bytes));
+        at(records.start)..at(records.end)
     }
 }
 

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use crate::budget::PinBudget;
+use crate::error::{Error, Result};
 use crate::strategy::Strategy;
+use crate::util::MAX_THREADS;
 
 /// A progress callback: `(bytes done, bytes in all)`, called from worker
 /// threads or the calling thread (whole-file passes run on it).
@@ -58,7 +60,9 @@ pub struct StreamConfig {
     /// filling slots carries bytes the copy engine had room for, at the
     /// ring's CPU cost per byte. Where the copy engine is already the bound
     /// the reserve stays asleep. [`Breakdown::reserve_threads`] says how many
-    /// joined. A strategy given explicitly runs exactly its threads.
+    /// joined. A strategy given explicitly runs exactly its threads. At most
+    /// 1024: [`Streamer::new`](super::Streamer::new) refuses more with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument).
     ///
     /// [`Strategy::Auto`]: crate::Strategy::Auto
     /// [`Breakdown::reserve_threads`]: super::Breakdown::reserve_threads
@@ -70,7 +74,8 @@ pub struct StreamConfig {
     /// keeps it asleep; 1 or more lets it join at its first look. The share
     /// a whole pass saw is its
     /// [`Breakdown::slot_wait_seconds`](super::Breakdown::slot_wait_seconds)
-    /// over its ring threads' time.
+    /// over its ring threads' time. Not a number (NaN) is refused by
+    /// [`Streamer::new`](super::Streamer::new).
     pub reserve_room: f64,
 }
 
@@ -170,7 +175,8 @@ impl StreamConfig {
         self
     }
 
-    /// With [`StreamConfig::reserve_threads`] set to `threads`.
+    /// With [`StreamConfig::reserve_threads`] set to `threads` (at most 1024,
+    /// which [`Streamer::new`](super::Streamer::new) checks).
     ///
     /// ```
     /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
@@ -180,6 +186,25 @@ impl StreamConfig {
     pub fn with_reserve_threads(mut self, threads: usize) -> Self {
         self.reserve_threads = threads;
         self
+    }
+
+    /// Refuses what no streamer can run: a bad strategy, more than
+    /// [`MAX_THREADS`] reserve threads, a `reserve_room` that is not a number.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`].
+    pub(super) fn check(&self) -> Result<()> {
+        self.strategy.normalized()?;
+        if self.reserve_threads > MAX_THREADS {
+            return Err(Error::invalid(
+                "StreamConfig",
+                format!("{} reserve threads: at most {MAX_THREADS}", self.reserve_threads),
+            ));
+        }
+        if self.reserve_room.is_nan() {
+            return Err(Error::invalid("StreamConfig", "reserve_room is not a number (NaN)"));
+        }
+        Ok(())
     }
 }
 

@@ -170,8 +170,11 @@ impl Streamer {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for no device, a repeated one, more than 64,
-    /// or a bad strategy; CUDA's error creating streams and events.
+    /// a bad strategy, more than 1024 [`StreamConfig::reserve_threads`] or a
+    /// [`StreamConfig::reserve_room`] that is not a number; CUDA's error
+    /// creating streams and events.
     pub fn new(devices: &[Device], config: StreamConfig) -> Result<Streamer> {
+        config.check()?;
         Ok(Streamer { shared: Arc::new(Shared::new(devices, config)?), worker: Mutex::new(None) })
     }
 
@@ -342,7 +345,8 @@ impl Streamer {
     /// `split_at_mut`, or device memory allocated elsewhere, through
     /// [`DeviceSliceMut::from_raw_parts`]); its element type is any
     /// [`Pod`] type, filled with the file's bytes as they are (native byte
-    /// order), and it holds exactly the range's bytes.
+    /// order), and it holds exactly the range's bytes. An empty range moves
+    /// nothing and answers an empty report (0 bytes, no registration).
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -382,6 +386,9 @@ impl Streamer {
         let len = check_range(file, &range)?;
         let dst = bytes_of_range(WHAT, dst.into(), len)?;
         let stream = s.stream_of(dst.device())?;
+        if len == 0 {
+            return self.nothing(WHAT);
+        }
         s.fill(WHAT, file, range, vec![(stream, dst.detach())], None, None)
     }
 
@@ -428,6 +435,9 @@ impl Streamer {
             }
             targets.push((s.stream_of(d.device())?, d));
         }
+        if len == 0 {
+            return self.nothing("Streamer::to_devices");
+        }
         let targets = targets.into_iter().map(|(i, d)| (i, DeviceSliceMut::from(d).detach())).collect();
         s.fill("Streamer::to_devices", file, range, targets, None, None)
     }
@@ -456,7 +466,8 @@ impl Streamer {
     /// dropping or leaking the handle does not stop the transfer, and `dst`'s
     /// owner stays safe to drop or read: it waits for the transfer (see
     /// [`wirespeed_cuda::DetachedSliceMut`]). Dropping the streamer waits for
-    /// every transfer it started.
+    /// every transfer it started. An empty range ends at once, as through
+    /// [`Streamer::to_device`]: its handle answers an empty report.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -526,8 +537,15 @@ impl Streamer {
         let len = check_range(file, &range)?;
         let dst = bytes_of_range(WHAT, dst.into(), len)?;
         let stream = s.stream_of(dst.device())?;
-        let after = options.after_event()?;
         let state = Arc::new(TransferState::default());
+        if len == 0 {
+            // Nothing to move, nothing to order: it ends now, as `to_device`
+            // of an empty range does (queued, it would wait for the
+            // transfers before it for nothing).
+            state.finish(empty_report(&s.config));
+            return Ok(Transfer::new(state, s));
+        }
+        let after = options.after_event()?;
         let job = Job { file: file.clone(), range, dst: dst.detach(), stream, after, state: state.clone() };
         self.submit(job)?;
         Ok(Transfer::new(state, s))
@@ -569,6 +587,9 @@ impl Streamer {
             return Err(Error::invalid("Streamer::to_scratch", "the scratch buffer is empty"));
         }
         let stream = s.stream_of(scratch.device())?;
+        if len == 0 {
+            return self.nothing("Streamer::to_scratch");
+        }
         // Detached (and settled) before taking the streamer: an earlier
         // transfer into it that is still queued can then run.
         let mut dst = DeviceSliceMut::from(scratch).detach();
@@ -628,6 +649,9 @@ impl Streamer {
         if chunk == 0 {
             return Err(Error::invalid("Streamer::for_each_chunk", "chunk must be > 0"));
         }
+        if len == 0 {
+            return self.nothing("Streamer::for_each_chunk");
+        }
         let s = &*self.shared;
         let (_owner, mut st) = s.enter("Streamer::for_each_chunk")?;
         let mut verifier = s.verifier(&mut st, len)?;
@@ -664,6 +688,15 @@ impl Streamer {
 
     // ------------------------------------------------------------ internals
 
+    /// A blocking call's answer for an empty range: the streamer is taken
+    /// (the call comes after the transfers started before it, as any other),
+    /// and nothing is planned, pinned or allocated (no verification buffer:
+    /// an empty range cannot fail for the budget).
+    fn nothing(&self, what: &'static str) -> Result<Report> {
+        let _taken = self.shared.enter(what)?;
+        empty_report(&self.shared.config)
+    }
+
     /// Queues `job` for the worker thread, starting it on the first call.
     fn submit(&self, job: Job) -> Result<()> {
         let mut worker = lock(&self.worker);
@@ -673,4 +706,11 @@ impl Streamer {
         };
         w.send(job)
     }
+}
+
+/// The report of a transfer of an empty range with `config`: nothing moved,
+/// the configured strategy, verified (nothing differs) when verifying.
+fn empty_report(config: &StreamConfig) -> Result<Report> {
+    let verified = config.verify.then_some(true);
+    Ok(Report::nothing(config.strategy.normalized()?, config.budget.used(), verified))
 }

@@ -260,6 +260,25 @@ impl std::fmt::Display for WindowContext {
 }
 
 impl Report {
+    /// The report of a transfer of an empty range: nothing moved, nothing
+    /// registered, `strategy` (the configured one), `peak_pinned` the bytes
+    /// pinned when it was asked for, and `verified` as a check of no bytes
+    /// answers.
+    pub(crate) fn nothing(strategy: Strategy, peak_pinned: u64, verified: Option<bool>) -> Report {
+        Report {
+            strategy,
+            bytes: 0,
+            seconds: 0.0,
+            cpu_seconds: 0.0,
+            peak_pinned,
+            registrations: 0,
+            verified,
+            windows: WindowContext::None,
+            chained: false,
+            breakdown: Breakdown::default(),
+        }
+    }
+
     /// Decimal gigabytes per second (`bytes / seconds / 1e9`); 0 for an
     /// instant transfer. Used in [`Report`]'s example.
     pub fn gbps(&self) -> f64 {

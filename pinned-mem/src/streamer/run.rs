@@ -26,7 +26,7 @@ use super::claims::{Claims, Fed, feeds};
 use super::config::CopyStreams;
 use super::ctx::{Ctx, TAIL_SPIN, channel, panic_message, wait_tail};
 use super::lanes::{AgentStreamSet, AgentStreams, join_agents};
-use super::report::{Breakdown, Report, WindowContext};
+use super::report::{Report, WindowContext};
 use super::shared::Shared;
 use super::sink::{DevicesSink, Enqueued, Sink};
 use super::stats::{PassStats, Step};
@@ -372,18 +372,7 @@ impl Clock {
 
     /// The report of a pass that moved nothing.
     fn nothing(&self, strategy: Strategy, verified: Option<bool>) -> Report {
-        Report {
-            strategy,
-            bytes: 0,
-            seconds: 0.0,
-            cpu_seconds: 0.0,
-            peak_pinned: self.watch.peak(),
-            registrations: 0,
-            verified,
-            windows: WindowContext::None,
-            chained: false,
-            breakdown: Breakdown::default(),
-        }
+        Report::nothing(strategy, self.watch.peak(), verified)
     }
 
     /// The report of a pass of `strategy` that ran with `ctx` into `sink`
@@ -540,7 +529,8 @@ fn run_threads<S: Sink>(
 
 /// Starts a thread for each of `agents` in `scope`, each with a clone of
 /// `crew`; ring agents copy through `lanes` when there are some, and are
-/// counted in `running` for the reserve.
+/// counted in `running` for the reserve. A thread the system refuses fails
+/// the transfer (the agents already started then stop), instead of a panic.
 fn spawn_agents<'s, S: Sink>(
     scope: &'s Scope<'s, '_>,
     crew: &Crew<'s, S>,
@@ -550,14 +540,23 @@ fn spawn_agents<'s, S: Sink>(
 ) -> Vec<ScopedJoinHandle<'s, ()>> {
     let ctx = crew.ctx;
     let mut handles = Vec::new();
+    let mut spawn = |f: Box<dyn FnOnce() + Send + 's>| {
+        if ctx.aborted() {
+            return;
+        }
+        match std::thread::Builder::new().spawn_scoped(scope, f) {
+            Ok(h) => handles.push(h),
+            Err(e) => ctx.fail(Error::io("starting an agent thread for", ctx.file.path(), e)),
+        }
+    };
     match agents.in_place {
         Some(InPlace::Whole(reg)) => {
             let crew = crew.clone();
-            handles.push(scope.spawn(move || ctx.outcome(whole_agent(crew, reg))));
+            spawn(Box::new(move || ctx.outcome(whole_agent(crew, reg))));
         }
         Some(InPlace::Windows(windows)) => {
             let crew = crew.clone();
-            handles.push(scope.spawn(move || ctx.outcome(window_agent(crew, windows))));
+            spawn(Box::new(move || ctx.outcome(window_agent(crew, windows))));
         }
         None => {}
     }
@@ -571,7 +570,7 @@ fn spawn_agents<'s, S: Sink>(
         let (crew, agent) = (crew.clone(), ring.agent(lane(k)));
         // Counted in before the reserve can look (it stops once none runs).
         let counted = running.enter();
-        handles.push(scope.spawn(move || {
+        spawn(Box::new(move || {
             let _counted = counted;
             ctx.outcome(ring_agent(crew, agent));
         }));
@@ -579,7 +578,7 @@ fn spawn_agents<'s, S: Sink>(
     for k in ring.threads..ring.threads + ring.reserve.threads {
         let crew = crew.clone();
         let agent = ReserveAgent { ring: ring.agent(lane(k)), planned: ring.threads, reserve: ring.reserve, running };
-        handles.push(scope.spawn(move || ctx.outcome(reserve_agent(crew, agent))));
+        spawn(Box::new(move || ctx.outcome(reserve_agent(crew, agent))));
     }
     handles
 }

@@ -307,7 +307,8 @@ impl Transfer<'_> {
     /// # Errors
     /// As [`Transfer::then_on`].
     pub fn then_on_timeout(&self, stream: &Stream, timeout: Duration) -> Result<bool> {
-        self.then_on_within(stream, Some(Instant::now() + timeout))
+        // A timeout past the clock's range waits as long as `then_on`.
+        self.then_on_within(stream, Instant::now().checked_add(timeout))
     }
 
     /// Blocks until the transfer has ended or `timeout` has passed; true when
@@ -331,9 +332,14 @@ impl Transfer<'_> {
     /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        // A timeout past the clock's range waits as long as `wait`.
+        let deadline = Instant::now().checked_add(timeout);
         let mut st = self.state.status();
         while st.phase != Phase::Finished {
+            let Some(deadline) = deadline else {
+                st = self.state.wait(st);
+                continue;
+            };
             match self.state.wait_until(st, deadline) {
                 Some(g) => st = g,
                 None => return false,
