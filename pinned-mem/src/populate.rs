@@ -38,7 +38,12 @@ impl Populated {
             return None;
         }
         let mut span: Option<(u64, u64)> = None;
-        for g in range.start / GRANULE..=(range.end - 1) / GRANULE {
+        // Granules past the mapping's end hold nothing to populate.
+        let end = range.end.min(map_len);
+        if range.start >= end {
+            return None;
+        }
+        for g in range.start / GRANULE..=(end - 1) / GRANULE {
             let Some(word) = self.bits.get((g / 64) as usize) else { break };
             let bit = 1 << (g % 64);
             if word.fetch_or(bit, Ordering::Relaxed) & bit == 0 {

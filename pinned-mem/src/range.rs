@@ -49,6 +49,11 @@ pub struct PinOptions {
     /// thread's current one ([`PinnedRange::new`]) or the one named
     /// ([`PinnedRange::new_on`]).
     pub portable: bool,
+    /// Also map the pages for the device's kernels (`cudaHostRegisterMapped`),
+    /// so that a kernel reads them in place, through
+    /// [`wirespeed_cuda::KernelArgs::read_host`] (the shuffle [`Loader`](crate::Loader)'s
+    /// registered way does). Copies need no mapping.
+    pub mapped: bool,
 }
 
 /// A registration of file pages, shared by every [`PinnedRange`] inside it.
@@ -245,7 +250,7 @@ impl PinnedRange {
         // In a registration context the range is always portable (copies run
         // in the primary context); a live registration it shares need only be
         // as portable as the caller asked.
-        let want = Terms { portable: opts.portable, mlock: opts.mlock };
+        let want = Terms { portable: opts.portable, mlock: opts.mlock, mapped: opts.mapped };
         let terms = Terms { portable: opts.portable || ctx.is_some(), ..want };
         let pages = pages_of(file, &range)?;
         let device = match ctx {
@@ -577,7 +582,7 @@ fn register(
     if terms.mlock {
         window.mlock()?;
     }
-    let flags = RegisterFlags { portable: terms.portable, mapped: false, read_only: true };
+    let flags = RegisterFlags { portable: terms.portable, mapped: terms.mapped, read_only: true };
     let reg = match ctx {
         Some(ctx) => HostRegistration::try_new_in(ctx, window, flags),
         None => HostRegistration::try_new(window, flags),

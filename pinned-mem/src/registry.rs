@@ -39,6 +39,8 @@ pub(crate) struct Terms {
     pub(crate) portable: bool,
     /// The pages are also `mlock`-ed.
     pub(crate) mlock: bool,
+    /// Mapped for the device's kernels (`cudaHostRegisterMapped`).
+    pub(crate) mapped: bool,
 }
 
 impl Terms {
@@ -47,8 +49,13 @@ impl Terms {
     /// for it locks its own pages of a registration made without it (a
     /// registration of other devices' pages cannot be made portable later).
     fn refuses(self, want: Terms) -> Option<&'static str> {
-        (want.portable && !self.portable)
-            .then_some("it is registered without the Portable flag, which this range asks for")
+        if want.portable && !self.portable {
+            Some("it is registered without the Portable flag, which this range asks for")
+        } else if want.mapped && !self.mapped {
+            Some("it is registered without the Mapped flag, which this range asks for (a kernel reads it in place)")
+        } else {
+            None
+        }
     }
 }
 
@@ -356,7 +363,7 @@ mod tests {
         }
     }
 
-    const PLAIN: Terms = Terms { portable: false, mlock: false };
+    const PLAIN: Terms = Terms { portable: false, mlock: false, mapped: false };
 
     fn register(reg: &Arc<Registry<Fake>>, pages: Range<u64>, terms: Terms, leak: bool) -> Lease<Fake> {
         match reg.claim(&pages, pages.clone(), terms).unwrap() {
@@ -395,16 +402,16 @@ mod tests {
         let reg = Registry::new();
         let lease = register(&reg, 4096..8192, PLAIN, false);
         assert_eq!(reason(reg.claim(&(0..5000), 0..8192, PLAIN)), "the range is not inside that registration");
-        let portable = Terms { portable: true, mlock: false };
+        let portable = Terms { portable: true, mlock: false, mapped: false };
         assert!(reason(reg.claim(&(4096..5000), 4096..8192, portable)).contains("Portable"));
         // Without mlock, shared all the same: the lease says so.
-        let locked = Terms { portable: false, mlock: true };
+        let locked = Terms { portable: false, mlock: true, mapped: false };
         let Ok(Claim::Shared(l)) = reg.claim(&(4096..5000), 4096..8192, locked) else { panic!("not shared") };
         assert!(!l.terms().mlock);
         drop(l);
         // A portable, locked registration serves a range asking for less.
         drop(lease);
-        let strong = Terms { portable: true, mlock: true };
+        let strong = Terms { portable: true, mlock: true, mapped: false };
         let _lease = register(&reg, 4096..8192, strong, false);
         assert!(matches!(reg.claim(&(4096..5000), 4096..8192, PLAIN), Ok(Claim::Shared(_))));
     }

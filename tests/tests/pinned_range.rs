@@ -61,7 +61,8 @@ fn whole_file_with_a_partial_last_page() {
     let dir = TempDir::new("pm-range");
     let (f, data) = file(&dir, 2, 3 * PAGE as usize + 5);
     let budget = PinBudget::unlimited();
-    let r = PinnedRange::new(&f, 0..f.len(), PinOptions { portable: true, mlock: false }, &budget).unwrap();
+    let r =
+        PinnedRange::new(&f, 0..f.len(), PinOptions { portable: true, mlock: false, mapped: false }, &budget).unwrap();
     assert!(r.is_portable());
     assert_eq!(r.pinned_pages(), 0..4 * PAGE);
     assert_eq!(round_trip(&r), data);
@@ -196,7 +197,8 @@ fn mlock_on_and_off() {
     let before = vm_lck_kb();
     let off = PinnedRange::new(&f, 0..8 * PAGE, PinOptions::default(), &budget).unwrap();
     assert!(!off.is_mlocked());
-    match PinnedRange::new(&f, 8 * PAGE..16 * PAGE, PinOptions { mlock: true, portable: false }, &budget) {
+    match PinnedRange::new(&f, 8 * PAGE..16 * PAGE, PinOptions { mlock: true, portable: false, mapped: false }, &budget)
+    {
         Ok(on) => {
             assert!(on.is_mlocked());
             assert!(vm_lck_kb() >= before + 32, "8 pages locked");
@@ -249,7 +251,7 @@ fn memlock_child() {
     let dir = TempDir::new("pm-memlock");
     let (f, data) = file(&dir, 9, 1 << 20);
     let budget = PinBudget::unlimited();
-    match PinnedRange::new(&f, 0..f.len(), PinOptions { mlock: true, portable: false }, &budget) {
+    match PinnedRange::new(&f, 0..f.len(), PinOptions { mlock: true, portable: false, mapped: false }, &budget) {
         Err(e @ Error::MemlockLimit { .. }) => {
             let Error::MemlockLimit { limit: l, requested, .. } = &e else { unreachable!() };
             assert_eq!((*l, *requested), (limit, 1 << 20));
@@ -263,7 +265,8 @@ fn memlock_child() {
     assert_eq!(budget.used(), 0, "nothing drawn on error");
     t.assert_clean();
     // Within the limit it works; without mlock the limit does not apply.
-    let small = PinnedRange::new(&f, 0..4 * PAGE, PinOptions { mlock: true, portable: false }, &budget).unwrap();
+    let small =
+        PinnedRange::new(&f, 0..4 * PAGE, PinOptions { mlock: true, portable: false, mapped: false }, &budget).unwrap();
     assert!(small.is_mlocked());
     drop(small);
     let r = PinnedRange::new(&f, 0..f.len(), PinOptions::default(), &budget).unwrap();
@@ -314,7 +317,7 @@ fn mlock_coexists_with_a_live_range_made_without_mlock() {
     let budget = PinBudget::unlimited();
     let before = vm_lck_kb();
     let mine = PinnedRange::new(&f, 5..32 * PAGE + 5, PinOptions::default(), &budget).unwrap();
-    let locked = PinOptions { mlock: true, portable: false };
+    let locked = PinOptions { mlock: true, portable: false, mapped: false };
     let kib = |pages: u64| pages * PAGE / 1024;
     match PinnedRange::new(&f, 4 * PAGE..8 * PAGE, locked, &budget) {
         Ok(inner) => {

@@ -488,7 +488,7 @@ fn resident(device: &Device, arrays: &[Records], budget: u64, streamer: &Streame
 
 fn registered(device: &Device, arrays: &[Records], config: &LoaderConfig) -> Result<Vec<PinnedRange>> {
     let ctx = RegistrationContext::shared(device).ok();
-    let opts = PinOptions { mlock: false, portable: true };
+    let opts = PinOptions { mlock: false, portable: true, mapped: true };
     let mut ranges = Vec::with_capacity(arrays.len());
     for a in arrays {
         let span = a.span(0..a.count());

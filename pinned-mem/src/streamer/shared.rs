@@ -178,7 +178,7 @@ impl Shared {
 
     /// How the streamer's registrations are made.
     pub(super) fn opts(&self) -> PinOptions {
-        PinOptions { mlock: self.config.mlock, portable: self.portable }
+        PinOptions { mlock: self.config.mlock, portable: self.portable, mapped: false }
     }
 
     /// Registrations belong to the calling thread's current device unless portable.
