@@ -366,7 +366,7 @@ fn streamer_calls_at_every_bound() {
         0..1,
         len - 1..len,
         0..len,
-        5..4,
+        Range { start: 5, end: 4 }, // reversed
         0..TIB,
         TIB..TIB + 1,
         u64::MAX - 1..u64::MAX,
