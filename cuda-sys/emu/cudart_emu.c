@@ -1641,8 +1641,62 @@ static void gather_run(const uint64_t *p) {
     for (uint64_t k = 0; k < n; k++) memcpy(dst + k * rec, src + offsets[k], rec);
 }
 
+/* wirespeed_gather_perm(dst, src, n, rec, first, count, key, bits): record k
+ * of the batch is record perm((first + k) mod count) of the packed records at
+ * src, perm being wirespeed-pinned's Permutation (a Feistel network of four
+ * rounds over (bits >> 8) + (bits & 0xff) bits, walked below count). */
+static uint64_t emu_mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t emu_mask(unsigned bits) { return bits >= 64 ? UINT64_MAX : (1ull << bits) - 1; }
+
+static uint64_t emu_permute(uint64_t i, uint64_t count, uint64_t key, unsigned hi_bits, unsigned lo_bits) {
+    if (hi_bits + lo_bits == 0) return i;
+    uint64_t x = i;
+    do {
+        unsigned a = hi_bits, b = lo_bits;
+        uint64_t hi = x >> b, lo = x & emu_mask(b);
+        for (uint64_t round = 0; round < 4; round++) {
+            uint64_t f = emu_mix(key ^ ((round + 1) * 0x9e3779b97f4a7c15ull) ^ lo) & emu_mask(a);
+            uint64_t t = lo;
+            lo = hi ^ f;
+            hi = t;
+            unsigned w = a;
+            a = b;
+            b = w;
+        }
+        x = (hi << b) | lo;
+    } while (x >= count);
+    return x;
+}
+
+static int gather_perm_check_locked(const uint64_t *p) {
+    uintptr_t dst = p[0], src = p[1];
+    uint64_t n = p[2], rec = p[3], count = p[5], bits = p[7];
+    if (n == 0) return 1;
+    if (rec == 0 || count == 0 || n > UINT64_MAX / rec || count > UINT64_MAX / rec) return 0;
+    if ((bits >> 8) + (bits & 0xff) > 64) return 0;
+    if (!device_writable_locked(dst, n * rec) || !device_readable_locked(src, count * rec)) return 0;
+    return !overlaps(dst, n * rec, src, count * rec);
+}
+
+static void gather_perm_run(const uint64_t *p) {
+    unsigned char *dst = (unsigned char *)(uintptr_t)p[0];
+    const unsigned char *src = (const unsigned char *)(uintptr_t)p[1];
+    uint64_t n = p[2], rec = p[3], first = p[4], count = p[5], key = p[6], bits = p[7];
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t r = emu_permute((first + k) % count, count, key, (unsigned)(bits >> 8), (unsigned)(bits & 0xff));
+        memcpy(dst + k * rec, src + r * rec, rec);
+    }
+}
+
 static const kernel_def k_kernels[] = {
     {"wirespeed_gather", 5, gather_check_locked, gather_run},
+    {"wirespeed_gather_perm", 8, gather_perm_check_locked, gather_perm_run},
 };
 #define NKERNELS (sizeof k_kernels / sizeof k_kernels[0])
 
@@ -1742,8 +1796,8 @@ EXPORT cudaError_t cudaLibraryGetKernel(void **out, void *h, const char *name) {
             for (int i = 0; i < l->nentries; i++)
                 if (strcmp(l->entries[i], name) == 0) {
                     if (!l->refs[i].def) {
-                        fprintf(stderr, "cudart_emu: the emulator cannot run kernel %s (it runs %s only)\n", name,
-                                k_kernels[0].name);
+                        fprintf(stderr, "cudart_emu: the emulator cannot run kernel %s (it runs the workspace's own only)\n",
+                                name);
                         e = cudaErrorNotSupported;
                     } else {
                         *out = &l->refs[i];
@@ -1765,16 +1819,21 @@ static const kernel_def *find_kernel_locked(const void *f) {
     return NULL;
 }
 
-static int launch_config_ok(dim3 g, dim3 b, size_t smem) {
-    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z) return 0;
-    if (g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) return 0;
-    if (b.x > 1024 || b.y > 1024 || b.z > 64 || (uint64_t)b.x * b.y * b.z > 1024) return 0;
-    return smem <= 48 * 1024;
+/* cudaSuccess, or what the runtime answers for a launch shape it refuses:
+ * cudaErrorInvalidConfiguration for a zero or too large grid, and (as the
+ * real runtime does) cudaErrorInvalidValue for a block of too many threads or
+ * too much shared memory. */
+static int launch_config_error(dim3 g, dim3 b, size_t smem) {
+    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z) return cudaErrorInvalidConfiguration;
+    if (g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) return cudaErrorInvalidConfiguration;
+    if (b.x > 1024 || b.y > 1024 || b.z > 64 || (uint64_t)b.x * b.y * b.z > 1024) return cudaErrorInvalidValue;
+    return smem <= 48 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t smem, cudaStream_t h) {
     ENTER(cudaLaunchKernel);
-    if (!launch_config_ok(grid, block, smem)) return set_err(cudaErrorInvalidConfiguration);
+    int bad = launch_config_error(grid, block, smem);
+    if (bad) return set_err(bad);
     pthread_mutex_lock(&g_lock);
     const kernel_def *k = find_kernel_locked(func);
     stream *s = NULL;

@@ -2,6 +2,10 @@
 //
 // wirespeed_gather(dst, src, offsets, n, rec): record k of the batch, the `rec`
 // bytes at dst + k * rec, becomes a copy of the `rec` bytes at src + offsets[k].
+// wirespeed_gather_perm(dst, src, n, rec, first, count, key, bits): the same,
+// with record k at src + perm((first + k) mod count) * rec, the permutation
+// computed here (wirespeed-pinned's `Permutation`), so that a batch of a full
+// shuffle costs the host one launch and no upload.
 // `src` is device memory (a pool of file blocks, or a whole file on the device)
 // or host memory the device can read (a registered, mapped file range); `dst`
 // and `offsets` are device memory. Records are of any size and alignment.
@@ -63,27 +67,78 @@ __device__ __forceinline__ void store_within(u64 c, uint4 v, u64 lo, u64 hi) {
     }
 }
 
+// Copies the `rec` bytes at `s` to `d`, with the lanes of one warp.
+__device__ __forceinline__ void copy_record(u64 d, u64 s, u64 rec, unsigned lane) {
+    const u64 d_end = d + rec;
+    const u64 s_lo = s & ~(u64)15, s_hi = (s + rec + 15) & ~(u64)15; // the words holding the record
+    const u64 delta = s - d;                                         // source = destination + delta (mod 2^64)
+    const unsigned m = (unsigned)(delta & 15);
+    for (u64 c0 = d & ~(u64)15; c0 < d_end; c0 += 16 * 32) {
+        const u64 c = c0 + 16 * (u64)lane;    // this lane's destination chunk
+        const u64 a = (c + delta) & ~(u64)15; // the aligned source word where its bytes start
+        const uint4 lo = load_within(a, s_lo, s_hi);
+        uint4 hi = shfl_down16(lo);
+        if (lane == 31) hi = load_within(a + 16, s_lo, s_hi);
+        if (c >= d_end) continue;
+        const uint4 v = bytes_at(lo, hi, m);
+        if (c >= d && c + 16 <= d_end) *reinterpret_cast<uint4 *>(c) = v;
+        else store_within(c, v, d, d_end);
+    }
+}
+
+// Record k of the batch is the record at src + offsets[k].
 extern "C" __global__ void __launch_bounds__(256)
 wirespeed_gather(unsigned char *__restrict__ dst, const unsigned char *__restrict__ src,
                  const u64 *__restrict__ offsets, u64 n, u64 rec) {
     const unsigned lane = threadIdx.x & 31;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps) {
-        const u64 d = (u64)dst + k * rec, d_end = d + rec;
-        const u64 s = (u64)src + offsets[k];
-        const u64 s_lo = s & ~(u64)15, s_hi = (s + rec + 15) & ~(u64)15; // the words holding the record
-        const u64 delta = s - d;                                         // source = destination + delta (mod 2^64)
-        const unsigned m = (unsigned)(delta & 15);
-        for (u64 c0 = d & ~(u64)15; c0 < d_end; c0 += 16 * 32) {
-            const u64 c = c0 + 16 * (u64)lane;    // this lane's destination chunk
-            const u64 a = (c + delta) & ~(u64)15; // the aligned source word where its bytes start
-            const uint4 lo = load_within(a, s_lo, s_hi);
-            uint4 hi = shfl_down16(lo);
-            if (lane == 31) hi = load_within(a + 16, s_lo, s_hi);
-            if (c >= d_end) continue;
-            const uint4 v = bytes_at(lo, hi, m);
-            if (c >= d && c + 16 <= d_end) *reinterpret_cast<uint4 *>(c) = v;
-            else store_within(c, v, d, d_end);
+    for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps)
+        copy_record((u64)dst + k * rec, (u64)src + offsets[k], rec, lane);
+}
+
+// SplitMix64's finalizer, as wirespeed-pinned's `Permutation` mixes.
+__device__ __forceinline__ u64 mix(u64 x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// Element i of the permutation of 0..count that `key` selects: a Feistel
+// network of four rounds over hi_bits + lo_bits bits, walked until it lands
+// below `count`; exactly `Permutation::at` of wirespeed-pinned. With no bits
+// it is the identity.
+__device__ __forceinline__ u64 permute(u64 i, u64 count, u64 key, unsigned hi_bits, unsigned lo_bits) {
+    if (hi_bits + lo_bits == 0) return i;
+    u64 x = i;
+    do {
+        unsigned a = hi_bits, b = lo_bits;
+        u64 hi = x >> b, lo = x & ((1ull << b) - 1);
+        for (u64 round = 0; round < 4; round++) {
+            const u64 f = mix(key ^ ((round + 1) * 0x9e3779b97f4a7c15ull) ^ lo) & ((1ull << a) - 1);
+            const u64 t = lo;
+            lo = hi ^ f;
+            hi = t;
+            const unsigned w = a;
+            a = b;
+            b = w;
         }
+        x = (hi << b) | lo;
+    } while (x >= count);
+    return x;
+}
+
+// Record k of the batch is record perm((first + k) mod count) of `src` (the
+// records, packed): the batch of an epoch's shuffled order, positions
+// first .. first + n of it, its indices computed here rather than uploaded.
+extern "C" __global__ void __launch_bounds__(256)
+wirespeed_gather_perm(unsigned char *__restrict__ dst, const unsigned char *__restrict__ src, u64 n, u64 rec,
+                      u64 first, u64 count, u64 key, u64 bits) {
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned hi_bits = (unsigned)(bits >> 8), lo_bits = (unsigned)(bits & 0xff);
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps) {
+        const u64 r = permute((first + k) % count, count, key, hi_bits, lo_bits);
+        copy_record((u64)dst + k * rec, (u64)src + r * rec, rec, lane);
     }
 }

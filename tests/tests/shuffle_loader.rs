@@ -47,6 +47,9 @@ fn epoch(loader: &mut Loader, d: &Data, dev: &Device) -> Vec<Vec<u64>> {
         let ys = y.to_vec().unwrap();
         let xs = x.to_vec().unwrap();
         let labels: Vec<u64> = ys[..k * 8].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        // The records the kernel gathered (its permutation computed on the
+        // device, or its offsets uploaded) are those the order names.
+        assert_eq!(labels, loader.batch_records(info.index), "batch {}", info.index);
         for (j, &r) in labels.iter().enumerate() {
             let at = (r * REC) as usize;
             assert_eq!(&xs[j * REC as usize..(j + 1) * REC as usize], &d.bytes[at..at + REC as usize], "record {r}");

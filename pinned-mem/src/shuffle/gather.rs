@@ -5,20 +5,31 @@ use wirespeed_cuda::{
     DeviceBuffer, DeviceSlice, DeviceSliceMut, Kernel, KernelArgs, LaunchConfig, Library, PinnedSlice, Stream,
 };
 
+use super::order::Permutation;
 use crate::error::{Error, Result};
 
 /// The kernel's PTX, built by `scripts/gen-ptx.py` (CUDA 12.0's ISA, so that
 /// every supported driver loads it).
 pub(crate) const GATHER_PTX: &str = include_str!("../../kernels/gather.ptx");
 const ENTRY: &str = "wirespeed_gather";
+const ENTRY_PERM: &str = "wirespeed_gather_perm";
 /// Threads of a block (the kernel's launch bound) and the most blocks of a launch.
 const THREADS: u32 = 256;
 const MAX_BLOCKS: u64 = 4096;
 
-/// Loads the gather kernel (the loader keeps it: dropping the last handle
-/// unloads the library once its launches have completed).
-pub(crate) fn kernel() -> Result<Kernel> {
-    Ok(Library::load_ptx(GATHER_PTX)?.kernel(ENTRY)?)
+/// The gather kernels: by uploaded offsets, and by a permutation computed on
+/// the device. The loader keeps them: dropping the last handle unloads the
+/// library once its launches have completed.
+#[derive(Clone)]
+pub(crate) struct Kernels {
+    pub(crate) by_offsets: Kernel,
+    pub(crate) by_permutation: Kernel,
+}
+
+/// Loads the gather kernels.
+pub(crate) fn kernels() -> Result<Kernels> {
+    let lib = Library::load_ptx(GATHER_PTX)?;
+    Ok(Kernels { by_offsets: lib.kernel(ENTRY)?, by_permutation: lib.kernel(ENTRY_PERM)? })
 }
 
 /// Where a batch's records are read: device memory, or host memory the
@@ -83,6 +94,50 @@ pub(crate) fn gather<'a>(
     // the `rec` bytes of `src` at `offsets[k]` (checked above to lie inside
     // `src`), and the aligned 16-byte words holding them, which lie in the
     // same pages, hence in the same allocation or registration.
+    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks, THREADS), args) }?.detach();
+    Ok(())
+}
+
+/// Enqueues on `stream` the gather of batch `positions` of a full shuffle
+/// into `dst` (packed): record `k` is record `perm((positions.start + k) mod
+/// count)` of `src`, the `count` packed records of `rec` bytes, the
+/// permutation computed by the kernel. Every record lies inside `src`, whose
+/// length is checked here.
+pub(crate) fn gather_permuted(
+    stream: &Stream,
+    kernel: &Kernel,
+    dst: &mut DeviceSliceMut<'_, u8>,
+    src: &Source<'_>,
+    positions: std::ops::Range<u64>,
+    perm: &Permutation,
+    rec: u64,
+) -> Result<()> {
+    let n = positions.end - positions.start;
+    let count = perm.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let bytes = n.checked_mul(rec).ok_or_else(|| Error::invalid("gather", "the batch's size overflows"))?;
+    let all = count.checked_mul(rec).ok_or_else(|| Error::invalid("gather", "the records' size overflows"))?;
+    if dst.len() as u64 != bytes || count == 0 || (src.len() as u64) < all {
+        return Err(Error::invalid(
+            "gather",
+            format!("{n} records of {rec} bytes into {} bytes, from {count} records in {} bytes", dst.len(), src.len()),
+        ));
+    }
+    let (key, bits) = perm.kernel_params();
+    let blocks = n.div_ceil(u64::from(THREADS / 32)).min(MAX_BLOCKS) as u32;
+    let args = KernelArgs::new().write(dst);
+    let args = match src {
+        Source::Device(s) => args.read(s),
+        Source::Host(s) => args.read_host(s),
+    };
+    let args = args.value(n).value(rec).value(positions.start).value(count).value(key).value(bits);
+    // SAFETY: wirespeed_gather_perm(dst, src, n, rec, first, count, key,
+    // bits) takes these eight 8-byte parameters in this order; it writes the
+    // `n * rec` bytes of `dst` (its length, checked) and reads, for each k,
+    // the record `perm(..) < count` of `src`, which holds `count * rec` bytes
+    // (checked), and the aligned 16-byte words holding it, in the same pages.
     unsafe { stream.launch(kernel, LaunchConfig::linear(blocks, THREADS), args) }?.detach();
     Ok(())
 }

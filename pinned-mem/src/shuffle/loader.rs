@@ -2,11 +2,11 @@
 //! on the GPU into device memory the caller owns.
 
 use wirespeed_cuda::{
-    Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, Kernel, PinnedBuffer, RegistrationContext, Stream,
+    Device, DeviceBuffer, DeviceSliceMut, Event, EventOptions, PinnedBuffer, RegistrationContext, Stream,
 };
 
 use super::config::{LoaderConfig, Way};
-use super::gather::{self, Source};
+use super::gather::{self, Kernels, Source};
 use super::order::Sharding;
 use super::plan::{Drawn, FullOrder, Piece, PoolOrder, PoolShape};
 use super::pool::{PAD, Pool};
@@ -115,7 +115,7 @@ pub struct Loader {
     stages: Vec<Stage>,
     streamer: Streamer,
     stream: Stream,
-    kernel: Option<Kernel>,
+    kernels: Option<Kernels>,
     device: Device,
     arrays: Vec<Records>,
     config: LoaderConfig,
@@ -171,13 +171,13 @@ impl Loader {
             None => device.mem_info()?.0 as u64 / 2,
         };
         let way = resolve(&config, arrays, device_budget);
-        let streamer = Streamer::new(&[*device], StreamConfig::new(Strategy::Auto, config.pin_budget.clone()))?;
+        let streamer = pool_streamer(device, way, &config)?;
         let stream = Stream::new(device)?;
-        let kernel = if way == Way::Ring { None } else { Some(gather::kernel()?) };
+        let kernels = if way == Way::Ring { None } else { Some(gather::kernels()?) };
         let store = make_store(way, device, arrays, &config, device_budget, &streamer)?;
         let order = make_order(&store, cut, &config, 0)?;
         let mut stages = Vec::with_capacity(STAGES);
-        if way != Way::Ring {
+        if way == Way::Pool {
             for _ in 0..STAGES {
                 let mut st = Stage { host: Vec::new(), device: Vec::new() };
                 for _ in arrays {
@@ -192,7 +192,7 @@ impl Loader {
             stages,
             streamer,
             stream,
-            kernel,
+            kernels,
             device: *device,
             arrays: arrays.to_vec(),
             config,
@@ -353,38 +353,61 @@ impl Loader {
     }
 
     fn gather_batch(&mut self, b: u64, n: u64, dsts: &mut [DeviceSliceMut<'_, u8>]) -> Result<()> {
+        if matches!(self.store, Store::Ring(_)) {
+            self.fill_records(b);
+        }
+        let kernels = match (&self.store, &self.kernels) {
+            (Store::Ring(ring), _) => return ring.gather(&self.arrays, &self.records, dsts),
+            (_, Some(k)) => k.clone(),
+            (_, None) => return Err(Error::invalid("Loader", "no gather kernel")),
+        };
         if let (Store::Pool(pool), Order::Pool(order)) = (&mut self.store, &self.order) {
             pool.ensure(&self.streamer, &self.arrays, order, order.batch_groups(b))?;
+            return self.gather_pooled(b, n, dsts, &kernels);
         }
-        self.fill_records(b);
-        if let Store::Ring(ring) = &self.store {
-            return ring.gather(&self.arrays, &self.records, dsts);
-        }
-        let kernel = self.kernel.as_ref().ok_or_else(|| Error::invalid("Loader", "no gather kernel"))?;
-        let stage = &mut self.stages[self.turn];
-        self.turn = (self.turn + 1) % STAGES;
+        let Order::Full(order) = &self.order else {
+            return Err(Error::invalid("Loader", "a full-shuffle store with the pool's order"));
+        };
+        let (first, perm) = order.kernel_params(b);
         for (i, (a, dst)) in self.arrays.iter().zip(dsts.iter_mut()).enumerate() {
             let rec = a.record_bytes();
             let src = match &self.store {
-                Store::Resident(bufs) => {
-                    offsets_of_records(&self.records, rec, &mut self.offsets);
-                    Source::Device(bufs[i].slice(..bufs[i].len() - PAD)?)
-                }
-                Store::Registered(ranges) => {
-                    offsets_of_records(&self.records, rec, &mut self.offsets);
-                    Source::Host(ranges[i].source())
-                }
-                Store::Pool(pool) => {
-                    pool.offsets(rec, &self.drawn, &mut self.offsets);
-                    Source::Device(pool.source(i)?)
-                }
-                Store::Ring(_) => unreachable!("handled above"),
+                Store::Resident(bufs) => Source::Device(bufs[i].slice(..bufs[i].len() - PAD)?),
+                Store::Registered(ranges) => Source::Host(ranges[i].source()),
+                _ => return Err(Error::invalid("Loader", "a store without records in place")),
             };
-            let k = n as usize;
+            let mut dst = dst.slice_mut(..(n * rec) as usize)?;
+            gather::gather_permuted(
+                &self.stream,
+                &kernels.by_permutation,
+                &mut dst,
+                &src,
+                first..first + n,
+                &perm,
+                rec,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The pool's gather: each record's offset in its slot, uploaded through
+    /// one of the staging buffers, then gathered.
+    fn gather_pooled(&mut self, b: u64, n: u64, dsts: &mut [DeviceSliceMut<'_, u8>], kernels: &Kernels) -> Result<()> {
+        self.fill_records(b);
+        let Store::Pool(pool) = &self.store else {
+            return Err(Error::invalid("Loader", "no pool"));
+        };
+        let stage = &mut self.stages[self.turn];
+        self.turn = (self.turn + 1) % STAGES;
+        let k = n as usize;
+        for (i, (a, dst)) in self.arrays.iter().zip(dsts.iter_mut()).enumerate() {
+            let rec = a.record_bytes();
+            pool.offsets(rec, &self.drawn, &mut self.offsets);
+            let src = Source::Device(pool.source(i)?);
             stage.host[i].as_mut_slice()?[..k].copy_from_slice(&self.offsets);
             self.stream.copy_to_device(&stage.host[i].slice(..k)?, &mut stage.device[i].slice_mut(..k)?)?.detach();
             let mut dst = dst.slice_mut(..(n * rec) as usize)?;
-            gather::gather(&self.stream, kernel, &mut dst, &src, (&stage.device[i], &self.offsets), rec)?;
+            gather::gather(&self.stream, &kernels.by_offsets, &mut dst, &src, (&stage.device[i], &self.offsets), rec)?;
         }
         Ok(())
     }
@@ -423,11 +446,6 @@ impl Drop for Loader {
     }
 }
 
-fn offsets_of_records(records: &[u64], rec: u64, out: &mut Vec<u64>) {
-    out.clear();
-    out.extend(records.iter().map(|&r| r * rec));
-}
-
 /// The bytes of the arrays' records, all of them.
 fn total_bytes(arrays: &[Records]) -> u64 {
     arrays.iter().map(|a| a.count().saturating_mul(a.record_bytes())).fold(0u64, u64::saturating_add)
@@ -448,6 +466,24 @@ fn resolve(config: &LoaderConfig, arrays: &[Records], device_budget: u64) -> Way
     } else {
         Way::Pool
     }
+}
+
+/// The streamer that feeds the arrays. The pool streams each byte once, in
+/// groups no larger than the pin budget may be: it streams them as `auto`
+/// streams a range larger than the budget (windows and the ring at once),
+/// never registering a group whole to keep it (which pays the registration
+/// of every byte and keeps the budget drawn).
+fn pool_streamer(device: &Device, way: Way, config: &LoaderConfig) -> Result<Streamer> {
+    let auto = Streamer::new(&[*device], StreamConfig::new(Strategy::Auto, config.pin_budget.clone()))?;
+    if way != Way::Pool {
+        return Ok(auto);
+    }
+    let plan = auto.resolve(config.pin_budget.limit().saturating_mul(8).max(1 << 30));
+    if matches!(plan, Strategy::WholeFile | Strategy::Auto) {
+        return Ok(auto);
+    }
+    drop(auto);
+    Streamer::new(&[*device], StreamConfig::new(plan, config.pin_budget.clone()))
 }
 
 fn make_store(

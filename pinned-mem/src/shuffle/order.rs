@@ -18,7 +18,12 @@ pub(crate) fn key(seed: u64, words: &[u64]) -> u64 {
     words.iter().fold(mix(seed), |k, &w| mix(k ^ mix(w)))
 }
 
-const ROUNDS: u64 = 6;
+/// Rounds of the Feistel network: four, with SplitMix64's finalizer keyed by
+/// the round as the round function (what a pseudo-random permutation needs;
+/// the gather kernel and the emulator compute the same).
+const ROUNDS: u64 = 4;
+/// Keeps the rounds' keys apart.
+const ROUND_STEP: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// A pseudo-random permutation of `0..n`, computed one element at a time: a
 /// Feistel network over the smallest power of two that holds `n`, walked
@@ -53,6 +58,12 @@ impl Permutation {
         Permutation { n, key: 0, lo_bits: 0, hi_bits: 0 }
     }
 
+    /// The key and the two halves' widths (`hi << 8 | lo`; 0: the identity),
+    /// as the gather kernel takes them.
+    pub(crate) fn kernel_params(&self) -> (u64, u64) {
+        (self.key, u64::from(self.hi_bits) << 8 | u64::from(self.lo_bits))
+    }
+
     /// The number of elements.
     pub fn len(&self) -> u64 {
         self.n
@@ -81,7 +92,7 @@ impl Permutation {
         let (mut a, mut b) = (self.hi_bits, self.lo_bits); // widths of hi and lo
         let (mut hi, mut lo) = (x >> b, x & mask(b));
         for round in 0..ROUNDS {
-            let f = mix(self.key ^ mix(round << 58 ^ lo)) & mask(a);
+            let f = mix(self.key ^ (round + 1).wrapping_mul(ROUND_STEP) ^ lo) & mask(a);
             (hi, lo) = (lo, hi ^ f);
             (a, b) = (b, a);
         }

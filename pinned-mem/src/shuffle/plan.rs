@@ -27,6 +27,12 @@ impl FullOrder {
         FullOrder { perm, cut }
     }
 
+    /// Batch `b`'s first position in the padded order, and the permutation,
+    /// for the gather kernel that computes the batch's records itself.
+    pub(crate) fn kernel_params(&self, b: u64) -> (u64, Permutation) {
+        (self.cut.batch(b).start, self.perm)
+    }
+
     /// The record at each position of this rank's batch `b`, into `out`.
     pub(crate) fn batch(&self, b: u64, out: &mut Vec<u64>) {
         out.clear();
