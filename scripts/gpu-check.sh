@@ -77,6 +77,7 @@ for stage in "${stages[@]}"; do
     done
     ;;
   shuffle)
+    python_env || echo "no wheel: the Python rows are skipped"
     # shellcheck disable=SC2086
     timeout 420 .gpu/run.sh shuffle --json "$out/shuffle.json" ${SHUFFLE_ARGS:-} >"$out/shuffle-32g-file-4g-pin-8g-pool.log" 2>&1
     echo "shuffle rc=$?"

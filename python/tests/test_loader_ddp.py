@@ -5,6 +5,7 @@ torch.distributed."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -49,8 +50,11 @@ def test_two_ranks_under_torchrun_are_disjoint_and_cover_the_epoch(tmp_path):
     env = dict(os.environ, WIRESPEED_EMULATED="0" if real else "1", OMP_NUM_THREADS="1")
     if not real:
         env["CUDA_VISIBLE_DEVICES"] = ""
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
          str(child), str(path), str(n), str(out)],
         env=env, capture_output=True, text=True, timeout=600,
     )

@@ -22,7 +22,11 @@ struct DiskFile(PathBuf);
 
 impl DiskFile {
     fn new(tag: &str, seed: u64) -> (DiskFile, Vec<u8>) {
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cold-{tag}-{}.bin", std::process::id()));
+        // The build's target folder where it exists (a GPU machine running a
+        // packed binary has none: the temporary folder then).
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let dir = if dir.is_dir() { dir } else { std::env::temp_dir() };
+        let path = dir.join(format!("cold-{tag}-{}.bin", std::process::id()));
         let data = pattern(seed, LEN);
         let mut f = std::fs::File::create(&path).unwrap();
         f.write_all(&data).unwrap();

