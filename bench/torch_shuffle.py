@@ -57,7 +57,7 @@ def run(name, loader, record, seconds, line):
             break
     torch.cuda.synchronize()
     dt = time.monotonic() - t
-    del it  # joins the workers, so that their CPU time is counted
+    del it  # a DataLoader's iterator joins its workers, so that their CPU time is counted
     dc = cpu_seconds() - c
     gb = records * record / 1e9
     del first
@@ -78,16 +78,10 @@ def main():
         dl = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=workers, pin_memory=True,
                         persistent_workers=False, prefetch_factor=4)
         run(f"dataloader-per-sample-{workers}w-pinned", dl, a.record, a.seconds, a.line)
+    # What a DataLoader with 0 workers and a batch sampler does with
+    # __getitems__: one sorted fancy index per batch, in this process.
     sampler = BatchSampler(RandomSampler(ds), batch_size=a.batch, drop_last=False)
-    # With batch_size=None each item the sampler gives is one batch's index list.
-    class Batched(Dataset):
-        def __len__(self):
-            return len(sampler)
-
-        def __getitem__(self, idx):
-            return ds.__getitems__(idx)
-    dl = DataLoader(Batched(), sampler=sampler, batch_size=None, num_workers=0)
-    run("dataloader-getitems-sorted-0w", dl, a.record, a.seconds, a.line)
+    run("dataloader-getitems-sorted-0w", (ds.__getitems__(idx) for idx in sampler), a.record, a.seconds, a.line)
 
 
 if __name__ == "__main__":

@@ -370,3 +370,32 @@ fn an_empty_range_through_start_ends_as_through_to_device() {
     drop((s, empty, scratch));
     t.assert_clean();
 }
+
+/// Pieces queued together with `start_many` run as one pass planned for
+/// their total, with no gate holding the worker: none is taken up alone.
+#[test]
+fn pieces_started_together_run_as_one_planned_pass() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-many");
+    const PIECES: usize = 8;
+    let (file, data) = data_file(&dir, 39, PIECES * SPAN * 2);
+    let dev = Device::get(0).unwrap();
+    let budget = PinBudget::new(12 << 20);
+    let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, budget.clone())).unwrap();
+    let planned = s.resolve((PIECES * SPAN) as u64);
+    assert_ne!(planned, Strategy::WholeFile);
+    let mut bufs: Vec<DeviceBuffer<u8>> = (0..PIECES).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+    // Every other piece of the file: ascending, with gaps.
+    let pieces = bufs.iter_mut().enumerate().map(|(i, b)| (span(2 * i), b.slice_mut(..).unwrap())).collect();
+    for (i, tr) in s.start_many(&file, pieces).unwrap().into_iter().enumerate() {
+        let r = tr.wait().unwrap();
+        assert_eq!((r.strategy, r.chained), (planned, i > 0), "piece {i}: {r}");
+    }
+    for (i, b) in bufs.iter().enumerate() {
+        let r = span(2 * i);
+        assert!(b.to_vec().unwrap() == data[r.start as usize..r.end as usize], "piece {i}'s data");
+    }
+    drop((s, bufs, budget));
+    t.assert_clean();
+}

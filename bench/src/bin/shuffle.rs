@@ -398,15 +398,18 @@ fn script(name: &str) -> PathBuf {
 
 fn json_lines(out: std::io::Result<std::process::Output>, what: &str) -> Vec<serde_json::Value> {
     match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .collect(),
         Ok(o) => {
-            let err = String::from_utf8_lossy(&o.stderr);
-            let tail: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-            eprintln!("{what} skipped: {}", tail[tail.len().saturating_sub(6)..].join("\n    "));
-            Vec::new()
+            // The rows that finished, even when a later one failed.
+            let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .collect();
+            if !o.status.success() {
+                let err = String::from_utf8_lossy(&o.stderr);
+                let tail: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+                eprintln!("{what}: a row failed: {}", tail[tail.len().saturating_sub(6)..].join("\n    "));
+            }
+            rows
         }
         Err(e) => {
             eprintln!("{what} skipped: {e}");

@@ -109,13 +109,20 @@ impl Pool {
         let mut outcomes = Vec::with_capacity(slots.len() * arrays.len());
         for (a, buf) in arrays.iter().zip(self.buffers.iter_mut()) {
             let sb = slot_bytes(self.shape, a.record_bytes());
+            // Each piece's slot, detached one after the other (a slot's span
+            // is held until its transfer has ended), queued together.
+            let mut pieces = Vec::with_capacity(slots.len());
             for (slot, piece) in &slots {
                 let start = (slot * sb) as usize;
                 let span = a.span(piece.records.clone());
                 let len = (span.end - span.start) as usize;
-                let dst = buf.slice_mut(start..start + len)?;
-                outcomes.push(streamer.start(a.file(), span, dst)?.into_outcome());
+                pieces.push((span, buf.slice_mut(start..start + len)?.detach()));
             }
+            let views: Vec<_> = pieces
+                .iter_mut()
+                .map(|(span, d)| d.slice_mut(..).map(|v| (span.clone(), v)))
+                .collect::<wirespeed_cuda::Result<_>>()?;
+            outcomes.extend(streamer.start_many(a.file(), views)?.into_iter().map(|t| t.into_outcome()));
         }
         self.queued.push_back((g, outcomes));
         Ok(())

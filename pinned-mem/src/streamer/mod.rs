@@ -547,8 +547,73 @@ impl Streamer {
         }
         let after = options.after_event()?;
         let job = Job { file: file.clone(), range, dst: dst.detach(), stream, after, state: state.clone() };
-        self.submit(job)?;
+        self.submit(vec![job])?;
         Ok(Transfer::new(state, s))
+    }
+
+    /// Starts moving several ranges of `file`, each into its own destination
+    /// (as [`Streamer::start`] each), queued together: the worker sees them all
+    /// at once, so that ranges in ascending order (gaps allowed) run as one
+    /// pass, planned as `Auto` plans one range of their total. Started one by
+    /// one, the first of many pieces may be taken up, and planned, alone.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-start-many-{}", std::process::id()));
+    /// # std::fs::write(&path, (0..=255u8).cycle().take(1 << 20).collect::<Vec<_>>())?;
+    /// use wirespeed_pinned::*;
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 20)))?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 8192)?;
+    /// let (a, b) = dst.split_at_mut(4096)?;
+    /// let transfers = s.start_many(&file, vec![(0..4096, a), (65536..69632, b)])?;
+    /// for t in transfers {
+    ///     t.wait()?;
+    /// }
+    /// assert_eq!(dst.to_vec()?[4096], 0); // byte 65536 of the file
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Streamer::start`], for any of the ranges: then none is started.
+    pub fn start_many<'a, T: Pod>(
+        &'a self,
+        file: &Arc<MappedFile>,
+        pieces: Vec<(Range<u64>, DeviceSliceMut<'a, T>)>,
+    ) -> Result<Vec<Transfer<'a>>> {
+        const WHAT: &str = "Streamer::start_many";
+        let s = &*self.shared;
+        s.refuse_inside_callback(WHAT)?;
+        let mut checked = Vec::with_capacity(pieces.len());
+        for (range, dst) in pieces {
+            let len = check_range(file, &range)?;
+            let dst = bytes_of_range(WHAT, dst, len)?;
+            let stream = s.stream_of(dst.device())?;
+            checked.push((range, dst, stream, len));
+        }
+        let mut jobs = Vec::new();
+        let mut transfers = Vec::with_capacity(checked.len());
+        for (range, dst, stream, len) in checked {
+            let state = Arc::new(TransferState::default());
+            if len == 0 {
+                state.finish(empty_report(&s.config));
+            } else {
+                jobs.push(Job {
+                    file: file.clone(),
+                    range,
+                    dst: dst.detach(),
+                    stream,
+                    after: None,
+                    state: state.clone(),
+                });
+            }
+            transfers.push(Transfer::new(state, s));
+        }
+        self.submit(jobs)?;
+        Ok(transfers)
     }
 
     /// Moves file bytes `range`, of any size, through `scratch`: the byte at
@@ -698,13 +763,14 @@ impl Streamer {
     }
 
     /// Queues `job` for the worker thread, starting it on the first call.
-    fn submit(&self, job: Job) -> Result<()> {
+    fn submit(&self, jobs: Vec<Job>) -> Result<()> {
+        let Some(first) = jobs.first() else { return Ok(()) };
         let mut worker = lock(&self.worker);
         let w = match &mut *worker {
             Some(w) => w,
-            None => worker.insert(Worker::spawn(self.shared.clone(), job.file.path())?),
+            None => worker.insert(Worker::spawn(self.shared.clone(), first.file.path())?),
         };
-        w.send(job)
+        w.send(jobs)
     }
 }
 

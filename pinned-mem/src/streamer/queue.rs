@@ -15,25 +15,31 @@ use crate::mapping::MappedFile;
 /// The worker's queue: jobs taken from the channel but not run yet first,
 /// then the channel.
 pub(super) struct JobQueue {
-    rx: Receiver<Job>,
+    rx: Receiver<Vec<Job>>,
     ahead: VecDeque<Job>,
 }
 
 impl JobQueue {
     /// The queue of the jobs `rx` brings.
-    pub(super) fn new(rx: Receiver<Job>) -> JobQueue {
+    pub(super) fn new(rx: Receiver<Vec<Job>>) -> JobQueue {
         JobQueue { rx, ahead: VecDeque::new() }
     }
 
     /// The next job, without waiting; `None` when none is queued now.
     pub(super) fn try_next(&mut self) -> Option<Job> {
-        self.ahead.pop_front().or_else(|| self.rx.try_recv().ok())
+        if self.ahead.is_empty() {
+            self.ahead.extend(self.rx.try_recv().ok().into_iter().flatten());
+        }
+        self.ahead.pop_front()
     }
 
     /// The next job, waiting for one; `None` once the channel is closed and
     /// nothing is left.
     pub(super) fn next(&mut self) -> Option<Job> {
-        self.ahead.pop_front().or_else(|| self.rx.recv().ok())
+        while self.ahead.is_empty() {
+            self.ahead.extend(self.rx.recv().ok()?);
+        }
+        self.ahead.pop_front()
     }
 
     /// Puts `jobs` back at the front, in their order: they run next.
@@ -48,8 +54,8 @@ impl JobQueue {
     /// same mapping, not empty, and at or after the end of the one before
     /// (whatever they must follow: a chained pass waits for that).
     pub(super) fn queued_run(&mut self, file: &Arc<MappedFile>, end: u64) -> u64 {
-        while let Ok(job) = self.rx.try_recv() {
-            self.ahead.push_back(job);
+        while let Ok(jobs) = self.rx.try_recv() {
+            self.ahead.extend(jobs);
         }
         run_bytes(self.ahead.iter().map(|j| (&j.file, &j.range)), file, end)
     }

@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 
 /// The streamer's worker thread and the queue it takes jobs from.
 pub(super) struct Worker {
-    jobs: Sender<Job>,
+    /// Jobs sent together arrive together: the worker sees all of them queued.
+    jobs: Sender<Vec<Job>>,
     thread: JoinHandle<()>,
 }
 
@@ -38,10 +39,11 @@ impl Worker {
         Ok(Worker { jobs, thread })
     }
 
-    /// Queues `job` (dropped, releasing its destination, if the worker has ended).
-    pub(super) fn send(&self, job: Job) -> Result<()> {
+    /// Queues `jobs`, all at once (dropped, releasing their destinations, if
+    /// the worker has ended).
+    pub(super) fn send(&self, jobs: Vec<Job>) -> Result<()> {
         self.jobs
-            .send(job)
+            .send(jobs)
             .map_err(|_| Error::WorkerPanicked { message: "the streamer's worker thread has ended".into() })
     }
 
@@ -59,7 +61,7 @@ impl Worker {
 
 /// The worker thread of `shared`: runs the queued jobs, in order, until the
 /// queue closes.
-fn work(shared: Arc<Shared>, rx: Receiver<Job>) {
+fn work(shared: Arc<Shared>, rx: Receiver<Vec<Job>>) {
     // (Locked only by this thread: here between passes, by a chained pass's feed during it.)
     let queue = Mutex::new(JobQueue::new(rx));
     loop {
