@@ -21,6 +21,7 @@ use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, Pod};
 
 use crate::budget::Reservation;
 use crate::error::{Error, Result};
+use crate::memlock::LockTable;
 use crate::registry::Registry;
 use crate::util::{align_down, align_up, page_size};
 
@@ -52,6 +53,9 @@ pub struct MappedFile {
     id: (u64, u64),
     /// The live registrations of the mapping's pages (see `registry.rs`).
     pub(crate) registry: Arc<FileRegistry>,
+    /// Pages locked for ranges that share a registration made without
+    /// `mlock` ([`PageLock`]).
+    locks: LockTable,
 }
 
 // SAFETY: the mapping is read-only shared memory owned by this value; reading
@@ -149,6 +153,7 @@ impl MappedFile {
             file,
             path,
             registry: Registry::new(),
+            locks: LockTable::default(),
         };
         // The size was read before mapping: check it still holds (a file being
         // written or truncated now would make part of the mapping fault).
@@ -461,17 +466,7 @@ impl MappedFile {
 
     /// The pages `[start, end)` as a window that can be registered.
     pub(crate) fn window(self: &Arc<Self>, pages: Range<u64>) -> Result<FileWindow> {
-        let page = page_size();
-        if pages.start >= pages.end
-            || !pages.start.is_multiple_of(page)
-            || !pages.end.is_multiple_of(page)
-            || pages.end > self.map_len()
-        {
-            return Err(Error::invalid(
-                "MappedFile::window",
-                format!("pages {pages:?} are not whole pages of the mapping"),
-            ));
-        }
+        self.check_pages("MappedFile::window", &pages)?;
         Ok(FileWindow {
             file: Arc::clone(self),
             offset: pages.start as usize,
@@ -480,6 +475,57 @@ impl MappedFile {
             reservation: None,
             gone: Arc::new(AtomicBool::new(false)),
         })
+    }
+}
+
+impl MappedFile {
+    /// Locks `pages` (whole pages of the mapping) for a range that shares a
+    /// registration made without `mlock`, until the answer is dropped: each
+    /// page stays locked while any such range of it lives (see
+    /// `memlock::LockTable`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for pages outside the mapping;
+    /// [`Error::MemlockLimit`] (nothing stays locked then).
+    pub(crate) fn lock_pages(self: &Arc<Self>, pages: Range<u64>) -> Result<PageLock> {
+        self.check_pages("MappedFile::lock_pages", &pages)?;
+        let r = pages.start as usize..pages.end as usize;
+        // SAFETY: whole pages inside this mapping (checked above), which the
+        // `PageLock`'s `Arc` keeps mapped until it releases them, with the
+        // one `base` this table is ever used with.
+        unsafe { self.locks.hold(self.ptr, r.clone(), &self.path) }?;
+        Ok(PageLock { file: Arc::clone(self), pages: r })
+    }
+
+    /// Refuses `pages` that are not whole pages of the mapping.
+    fn check_pages(&self, what: &'static str, pages: &Range<u64>) -> Result<()> {
+        let page = page_size();
+        if pages.start >= pages.end
+            || !pages.start.is_multiple_of(page)
+            || !pages.end.is_multiple_of(page)
+            || pages.end > self.map_len()
+        {
+            return Err(Error::invalid(what, format!("pages {pages:?} are not whole pages of the mapping")));
+        }
+        Ok(())
+    }
+}
+
+/// Pages of a mapping locked for one range that shares a registration made
+/// without `mlock` ([`MappedFile::lock_pages`]); unlocked when dropped, where
+/// no other such range covers them. Forgetting it leaves them locked (and
+/// the mapping mapped).
+pub(crate) struct PageLock {
+    file: Arc<MappedFile>,
+    pages: Range<usize>,
+}
+
+impl Drop for PageLock {
+    fn drop(&mut self) {
+        let f = &self.file;
+        // SAFETY: held by `lock_pages` with the same base and range, and still
+        // mapped (this value holds the `Arc`).
+        unsafe { f.locks.release(f.ptr, self.pages.clone()) };
     }
 }
 

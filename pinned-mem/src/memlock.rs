@@ -10,7 +10,12 @@
 //!
 //! This module and `mapping.rs` hold the crate's `unsafe` code.
 
+use std::ops::Range;
+use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use wirespeed_cuda::locks;
 
 use crate::error::{Error, Result};
 
@@ -90,7 +95,7 @@ pub(crate) fn check(requested: u64) -> Result<()> {
 ///
 /// # Safety
 /// The range must be mapped (in a mapping that outlives the lock).
-pub(crate) unsafe fn lock(ptr: NonNull<u8>, len: usize, path: &std::path::Path) -> Result<()> {
+pub(crate) unsafe fn lock(ptr: NonNull<u8>, len: usize, path: &Path) -> Result<()> {
     check(len as u64)?;
     // SAFETY: the caller guarantees the range is mapped; mlock does not touch
     // the contents, it only faults the pages in and keeps them resident.
@@ -115,9 +120,92 @@ pub(crate) unsafe fn unlock(ptr: NonNull<u8>, len: usize) {
     let _ = unsafe { nix::sys::mman::munlock(ptr.cast(), len) };
 }
 
+/// The pages of one mapping locked on behalf of ranges that share a
+/// registration made without `mlock` (each asked for its own pages to be
+/// locked). `mlock` does not count: one `munlock` unlocks a page whoever
+/// locked it. So the table keeps every holder's range (offsets into the
+/// mapping), locks only the parts no other holder covers, and unlocks a
+/// holder's pages only where no other holder covers them: a page stays
+/// locked while any holder of it lives.
+#[derive(Debug, Default)]
+pub(crate) struct LockTable {
+    held: Mutex<Vec<Range<usize>>>,
+}
+
+impl LockTable {
+    /// Locks bytes `r` of the mapping at `base` for one more holder, after
+    /// [`check`]; nothing stays locked on error.
+    ///
+    /// # Safety
+    /// `[base + r.start, base + r.end)` must be mapped until the same range is
+    /// [`LockTable::release`]d (or for good, if it never is), and every call
+    /// on this table must pass the same `base`.
+    pub(crate) unsafe fn hold(&self, base: NonNull<u8>, r: Range<usize>, path: &Path) -> Result<()> {
+        let mut held = locks::lock(&self.held);
+        let mut done: Vec<Range<usize>> = Vec::new();
+        for gap in uncovered(&held, &r) {
+            // SAFETY: inside `r`, mapped (the caller's contract).
+            let at = unsafe { base.add(gap.start) };
+            // SAFETY: as above; locked only here, unlocked only by `release`.
+            if let Err(e) = unsafe { lock(at, gap.len(), path) } {
+                for d in done {
+                    // SAFETY: locked just above, still mapped.
+                    unsafe { unlock(base.add(d.start), d.len()) };
+                }
+                return Err(e);
+            }
+            done.push(gap);
+        }
+        held.push(r);
+        Ok(())
+    }
+
+    /// Ends one holder of bytes `r` (as given to [`LockTable::hold`]):
+    /// unlocks the parts no other holder covers.
+    ///
+    /// # Safety
+    /// As [`LockTable::hold`], for a range held by it and not released since.
+    pub(crate) unsafe fn release(&self, base: NonNull<u8>, r: Range<usize>) {
+        let mut held = locks::lock(&self.held);
+        let Some(i) = held.iter().position(|h| *h == r) else { return };
+        held.swap_remove(i);
+        for gap in uncovered(&held, &r) {
+            // SAFETY: inside `r`, still mapped and locked by `hold` (the caller's contract).
+            unsafe { unlock(base.add(gap.start), gap.len()) };
+        }
+    }
+}
+
+/// The parts of `r` that no range of `held` covers, in order.
+fn uncovered(held: &[Range<usize>], r: &Range<usize>) -> Vec<Range<usize>> {
+    let mut cover: Vec<&Range<usize>> = held.iter().filter(|h| h.start < r.end && r.start < h.end).collect();
+    cover.sort_by_key(|h| h.start);
+    let mut gaps = Vec::new();
+    let mut at = r.start;
+    for h in cover {
+        if h.start > at {
+            gaps.push(at..h.start);
+        }
+        at = at.max(h.end);
+    }
+    if at < r.end {
+        gaps.push(at..r.end);
+    }
+    gaps
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // slices of one range, on purpose
+    fn the_uncovered_parts_of_a_range() {
+        assert_eq!(uncovered(&[], &(0..10)), vec![0..10]);
+        assert_eq!(uncovered(&[2..4, 3..5, 8..20], &(0..10)), vec![0..2, 5..8]);
+        assert_eq!(uncovered(&[0..10], &(2..8)), Vec::<Range<usize>>::new());
+        assert_eq!(uncovered(&[10..12], &(0..10)), vec![0..10]);
+    }
 
     #[test]
     fn reads_status() {

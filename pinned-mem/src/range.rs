@@ -5,7 +5,10 @@
 //! CUDA refuses a page registered twice, so each mapping keeps a registry of
 //! its live registrations (`registry.rs`): a range inside a live registration
 //! **shares** it (no new registration, no new budget); a range that overlaps
-//! one without being inside it is refused with [`Error::Overlap`].
+//! one without being inside it is refused with [`Error::Overlap`]. A range
+//! that asks for `mlock` inside a registration made without it locks its own
+//! pages (`mapping::PageLock`): each page stays locked while any range that
+//! asked for it lives.
 //!
 //! [`PinnedRange::new_in`] registers in a [`RegistrationContext`] instead of
 //! the primary context: unregistering there neither waits for nor stalls the
@@ -22,7 +25,7 @@ use wirespeed_cuda::{Device, HostRegistration, PinnedSlice, RegisterFlags, Regis
 
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
-use crate::mapping::{FileWindow, MappedFile};
+use crate::mapping::{FileWindow, MappedFile, PageLock};
 use crate::registry::{Claim, Lease, Terms};
 use crate::util::{align_down, align_up, page_size};
 
@@ -37,7 +40,9 @@ pub struct PinOptions {
     /// Also `mlock` the pages (counted against `RLIMIT_MEMLOCK`, checked
     /// beforehand unless the process has `CAP_IPC_LOCK`; see
     /// [`Error::MemlockLimit`]). `cudaHostRegister` pins the pages by itself, so
-    /// this only matters where locked memory must show up as such.
+    /// this only matters where locked memory must show up as such. A range
+    /// asking for it inside a live registration made without it shares that
+    /// registration and locks its own pages, until it ends.
     pub mlock: bool,
     /// Register for every device (`cudaHostRegisterPortable`), for several GPUs.
     /// Without it the registration belongs to one device: the calling
@@ -80,6 +85,10 @@ type Registration = HostRegistration<FileWindow>;
 /// # std::fs::remove_file(&path)?; Ok(()) }
 /// ```
 pub struct PinnedRange {
+    /// This range's pages, locked by it where it asked for `mlock` and shares
+    /// a registration made without (declared first: unlocked before the lease
+    /// can undo the registration).
+    lock: Option<PageLock>,
     lease: Lease<Registration>,
     range: Range<u64>,
 }
@@ -236,11 +245,15 @@ impl PinnedRange {
         let terms = Terms { portable: opts.portable || ctx.is_some(), ..want };
         let pages = pages_of(file, &range)?;
         let vacancy = match file.registry.claim(&range, pages.clone(), want)? {
-            Claim::Shared(lease) => return Ok((PinnedRange { lease, range }, false)),
+            Claim::Shared(lease) => {
+                // Made without the mlock this range asks for: it locks its own pages.
+                let lock = (want.mlock && !lease.terms().mlock).then(|| file.lock_pages(pages)).transpose()?;
+                return Ok((PinnedRange { lock, lease, range }, false));
+            }
             Claim::Vacant(vacancy) => vacancy,
         };
         let (reg, window_gone) = register(ctx, file, pages, terms, budget)?;
-        Ok((PinnedRange { lease: vacancy.insert(reg, terms, window_gone), range }, true))
+        Ok((PinnedRange { lock: None, lease: vacancy.insert(reg, terms, window_gone), range }, true))
     }
 
     /// Exactly the bytes asked for, as a source of asynchronous copies.
@@ -365,7 +378,9 @@ impl PinnedRange {
         self.lease.pages().clone()
     }
 
-    /// True when the pages are also `mlock`-ed.
+    /// True when the pages are also `mlock`-ed: by the registration, or by
+    /// this range itself where it asked for `mlock` and shares a registration
+    /// made without it.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -380,7 +395,7 @@ impl PinnedRange {
     /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
     pub fn is_mlocked(&self) -> bool {
-        self.lease.value().memory().is_locked()
+        self.lock.is_some() || self.lease.value().memory().is_locked()
     }
 
     /// True when registered for every device.
@@ -481,8 +496,10 @@ impl PinnedRange {
     /// retried once more; if that fails too, it is leaked (with the mapping)
     /// rather than unmapped under a copy.
     pub fn release(self) -> Result<()> {
+        let PinnedRange { lock, lease, .. } = self;
+        drop(lock);
         // When others still share it, they release it.
-        self.lease.end_with(|reg| reg.into_inner().map(drop).map_err(Error::from)).unwrap_or(Ok(()))
+        lease.end_with(|reg| reg.into_inner().map(drop).map_err(Error::from)).unwrap_or(Ok(()))
     }
 }
 

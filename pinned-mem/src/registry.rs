@@ -4,8 +4,9 @@
 //! keeps a registry of its live registrations:
 //!
 //! * a range inside a live registration **shares** it (no new registration,
-//!   no new budget), provided the registration is at least as portable and as
-//!   locked as the range asks;
+//!   no new budget), provided the registration is at least as portable as
+//!   the range asks (a range asking for `mlock` inside one made without it
+//!   shares it too, and locks its own pages: see `PinnedRange`);
 //! * a range that overlaps a live registration without being inside it, or
 //!   overlaps pages whose unregistering failed, is refused with
 //!   [`Error::Overlap`];
@@ -42,15 +43,12 @@ pub(crate) struct Terms {
 
 impl Terms {
     /// Why a registration made with `self` cannot serve a range asking for
-    /// `want`, or `None` when it can.
+    /// `want`, or `None` when it can. `mlock` never refuses: a range that asks
+    /// for it locks its own pages of a registration made without it (a
+    /// registration of other devices' pages cannot be made portable later).
     fn refuses(self, want: Terms) -> Option<&'static str> {
-        if want.portable && !self.portable {
-            Some("it is registered without the Portable flag, which this range asks for")
-        } else if want.mlock && !self.mlock {
-            Some("it is registered without mlock, which this range asks for")
-        } else {
-            None
-        }
+        (want.portable && !self.portable)
+            .then_some("it is registered without the Portable flag, which this range asks for")
     }
 }
 
@@ -159,9 +157,11 @@ impl<R> Registry<R> {
     ///
     /// # Errors
     /// [`Error::Overlap`] (naming `requested`, the bytes asked for) when a live
-    /// registration overlaps `pages` without holding them, holds them on terms
-    /// short of `want`, or when overlapping pages stay registered after a failed
-    /// unregistration.
+    /// registration overlaps `pages` without holding them, holds them without
+    /// the Portable flag `want` asks for, or when overlapping pages stay
+    /// registered after a failed unregistration. A lease of a registration
+    /// made without the `mlock` that `want` asks for is handed out: its
+    /// [`Lease::terms`] say so, and the caller locks the pages itself.
     pub(crate) fn claim<'a>(
         self: &'a Arc<Self>,
         requested: &Range<u64>,
@@ -391,14 +391,17 @@ mod tests {
     }
 
     #[test]
-    fn partial_overlaps_and_weaker_terms_are_refused() {
+    fn partial_overlaps_and_registrations_short_of_portable_are_refused() {
         let reg = Registry::new();
         let lease = register(&reg, 4096..8192, PLAIN, false);
         assert_eq!(reason(reg.claim(&(0..5000), 0..8192, PLAIN)), "the range is not inside that registration");
         let portable = Terms { portable: true, mlock: false };
         assert!(reason(reg.claim(&(4096..5000), 4096..8192, portable)).contains("Portable"));
+        // Without mlock, shared all the same: the lease says so.
         let locked = Terms { portable: false, mlock: true };
-        assert!(reason(reg.claim(&(4096..5000), 4096..8192, locked)).contains("mlock"));
+        let Ok(Claim::Shared(l)) = reg.claim(&(4096..5000), 4096..8192, locked) else { panic!("not shared") };
+        assert!(!l.terms().mlock);
+        drop(l);
         // A portable, locked registration serves a range asking for less.
         drop(lease);
         let strong = Terms { portable: true, mlock: true };

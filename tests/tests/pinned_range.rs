@@ -299,3 +299,60 @@ fn new_on_registers_for_the_device_it_names() {
     assert_eq!(budget.used(), 0);
     t.assert_clean();
 }
+
+/// A range asking for `mlock` inside a live registration made without it
+/// shares that registration and locks its own pages (each page stays locked
+/// while any range that asked for it lives), and a streamer with `mlock` on
+/// streams across such a registration the same way. Both were refused with
+/// `Overlap` ("registered without mlock").
+#[test]
+fn mlock_coexists_with_a_live_range_made_without_mlock() {
+    use wirespeed_pinned::{Strategy, StreamConfig, Streamer};
+    let t = start();
+    let dir = TempDir::new("pm-range-mlock-share");
+    let (f, data) = file(&dir, 13, 64 * PAGE as usize + 123);
+    let budget = PinBudget::unlimited();
+    let before = vm_lck_kb();
+    let mine = PinnedRange::new(&f, 5..32 * PAGE + 5, PinOptions::default(), &budget).unwrap();
+    let locked = PinOptions { mlock: true, portable: false };
+    let kib = |pages: u64| pages * PAGE / 1024;
+    match PinnedRange::new(&f, 4 * PAGE..8 * PAGE, locked, &budget) {
+        Ok(inner) => {
+            assert_eq!((inner.sharers(), inner.is_mlocked(), mine.is_mlocked()), (2, true, false));
+            assert_eq!(vm_lck_kb(), before + kib(4));
+            let other = PinnedRange::new(&f, 6 * PAGE + 1..10 * PAGE - 1, locked, &budget).unwrap();
+            assert_eq!(vm_lck_kb(), before + kib(6), "pages 4..10");
+            assert_eq!(round_trip(&other), &data[6 * PAGE as usize + 1..10 * PAGE as usize - 1]);
+            drop(inner);
+            assert_eq!(vm_lck_kb(), before + kib(4), "pages 6..10 stay locked for the other range");
+            drop(other);
+            assert_eq!(vm_lck_kb(), before);
+        }
+        // Without CAP_IPC_LOCK and a low limit: the typed error, nothing locked.
+        Err(Error::MemlockLimit { .. }) => assert_eq!(vm_lck_kb(), before),
+        Err(e) => panic!("{e}"),
+    }
+    let dev = Device::get(0).unwrap();
+    for strategy in [
+        Strategy::Windows { window: 5 * PAGE as usize, in_flight: 2 },
+        Strategy::Hybrid { window: 5 * PAGE as usize, slot: PAGE as usize, threads: 2 },
+        Strategy::WholeFile,
+        Strategy::Auto,
+    ] {
+        let cfg = StreamConfig::new(strategy, PinBudget::new(1 << 20)).with_mlock(true);
+        let s = Streamer::new(&[dev], cfg).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, data.len()).unwrap();
+        match s.to_device(&f, 0..data.len() as u64, &mut dst) {
+            Ok(r) => assert!(dst.to_vec().unwrap() == data, "{strategy}: {r}"),
+            Err(Error::MemlockLimit { .. }) => {}
+            Err(e) => panic!("{strategy}: {e}"),
+        }
+        drop(s);
+        assert_eq!(vm_lck_kb(), before, "{strategy}: unlocked once done");
+    }
+    assert_eq!((mine.sharers(), mine.is_mlocked()), (1, false));
+    assert_eq!(round_trip(&mine), &data[5..32 * PAGE as usize + 5]);
+    drop(mine);
+    assert_eq!(budget.used(), 0);
+    t.assert_clean();
+}
