@@ -66,8 +66,23 @@ impl Device {
         self.ordinal as usize
     }
 
-    /// The device the runtime has as current on the calling thread.
-    pub(crate) fn current() -> Result<Device> {
+    /// The device the runtime has as current on the calling thread: the one
+    /// this crate last made current there (every object makes its own device
+    /// current before each call), one that other code set, or device 0 before
+    /// any. What a registration that names no device belongs to.
+    ///
+    /// ```
+    /// # fn main() -> wirespeed_cuda::Result<()> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see the crate docs)
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// dev.make_current()?;
+    /// assert_eq!(wirespeed_cuda::Device::current()?, dev);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The runtime's error (`cudaGetDevice`).
+    pub fn current() -> Result<Device> {
         Ok(Device { ordinal: raw::current_device()? })
     }
 

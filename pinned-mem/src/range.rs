@@ -91,6 +91,8 @@ pub struct PinnedRange {
     lock: Option<PageLock>,
     lease: Lease<Registration>,
     range: Range<u64>,
+    /// The device it was made for.
+    device: Device,
 }
 
 impl std::fmt::Debug for PinnedRange {
@@ -100,6 +102,7 @@ impl std::fmt::Debug for PinnedRange {
             .field("range", &self.range)
             .field("pages", self.lease.pages())
             .field("portable", &self.is_portable())
+            .field("device", &self.device.ordinal())
             .finish()
     }
 }
@@ -138,8 +141,9 @@ impl PinnedRange {
     /// # Errors
     /// [`Error::BadRange`] (empty, past the end), [`Error::FileChanged`] (the
     /// file was truncated since it was mapped), [`Error::Overlap`],
-    /// [`Error::BudgetExceeded`], [`Error::MemlockLimit`], and CUDA's error
-    /// from `cudaHostRegister`. Nothing stays pinned, locked or drawn on error.
+    /// [`Error::BudgetExceeded`], [`Error::MemlockLimit`], and CUDA's errors
+    /// from `cudaGetDevice` (the range's [`PinnedRange::device`]) and
+    /// `cudaHostRegister`. Nothing stays pinned, locked or drawn on error.
     pub fn new(file: &Arc<MappedFile>, range: Range<u64>, opts: PinOptions, budget: &PinBudget) -> Result<PinnedRange> {
         Self::create(file, range, opts, budget).map(|(r, _)| r)
     }
@@ -244,16 +248,20 @@ impl PinnedRange {
         let want = Terms { portable: opts.portable, mlock: opts.mlock };
         let terms = Terms { portable: opts.portable || ctx.is_some(), ..want };
         let pages = pages_of(file, &range)?;
+        let device = match ctx {
+            Some(c) => c.device(),
+            None => Device::current()?,
+        };
         let vacancy = match file.registry.claim(&range, pages.clone(), want)? {
             Claim::Shared(lease) => {
                 // Made without the mlock this range asks for: it locks its own pages.
                 let lock = (want.mlock && !lease.terms().mlock).then(|| file.lock_pages(pages)).transpose()?;
-                return Ok((PinnedRange { lock, lease, range }, false));
+                return Ok((PinnedRange { lock, lease, range, device }, false));
             }
             Claim::Vacant(vacancy) => vacancy,
         };
         let (reg, window_gone) = register(ctx, file, pages, terms, budget)?;
-        Ok((PinnedRange { lock: None, lease: vacancy.insert(reg, terms, window_gone), range }, true))
+        Ok((PinnedRange { lock: None, lease: vacancy.insert(reg, terms, window_gone), range, device }, true))
     }
 
     /// Exactly the bytes asked for, as a source of asynchronous copies.
@@ -414,6 +422,30 @@ impl PinnedRange {
     /// ```
     pub fn is_portable(&self) -> bool {
         self.lease.terms().portable
+    }
+
+    /// The device it was made for: the calling thread's current device for
+    /// [`PinnedRange::new`], the one named for [`PinnedRange::new_on`], the
+    /// context's for [`PinnedRange::new_in`]. Copies to it read the range at
+    /// the line rate; with [`PinnedRange::is_portable`] so do copies to every
+    /// other device. A range that shares a live registration names the device
+    /// it was asked for, whatever device that registration was made for.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-device-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 16])?;
+    /// # use wirespeed_pinned::*;
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let r = PinnedRange::new_on(&dev, &file, 0..9, PinOptions::default(), &PinBudget::unlimited())?;
+    /// assert_eq!(r.device(), dev);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// The registration context it is registered in, or `None` for the primary

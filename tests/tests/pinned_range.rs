@@ -356,3 +356,52 @@ fn mlock_coexists_with_a_live_range_made_without_mlock() {
     assert_eq!(budget.used(), 0);
     t.assert_clean();
 }
+
+/// A range carries the device it was made for: the current one (`new`), the
+/// one named (`new_on`), the context's (`new_in`); a range sharing a live
+/// registration names its own.
+#[test]
+fn a_range_carries_its_device() {
+    let t = start();
+    let dir = TempDir::new("pm-range-device");
+    let (f, _) = file(&dir, 14, 16 * PAGE as usize);
+    let budget = PinBudget::unlimited();
+    let dev = Device::get(0).unwrap();
+    let a = PinnedRange::new(&f, 0..4 * PAGE, PinOptions::default(), &budget).unwrap();
+    let b = PinnedRange::new_on(&dev, &f, PAGE..2 * PAGE, PinOptions::default(), &budget).unwrap();
+    assert_eq!((a.device(), b.device(), b.sharers()), (dev, dev, 2));
+    if let Ok(ctx) = wirespeed_cuda::RegistrationContext::new(&dev) {
+        let c = PinnedRange::new_in(&Arc::new(ctx), &f, 8 * PAGE..9 * PAGE, PinOptions::default(), &budget).unwrap();
+        assert_eq!(c.device(), dev);
+    }
+    drop((a, b));
+    wirespeed_tests::run_child("device_child", &[("CUDA_EMU_DEVICES", "2")]);
+    t.assert_clean();
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_range_carries_its_device"]
+fn device_child() {
+    if !wirespeed_tests::is_child("device_child") {
+        return;
+    }
+    let _t = wirespeed_tests::start_emulated();
+    let dir = TempDir::new("pm-range-device-child");
+    let (f, data) = file(&dir, 15, 16 * PAGE as usize);
+    let budget = PinBudget::unlimited();
+    let (d0, d1) = (Device::get(0).unwrap(), Device::get(1).unwrap());
+    d1.make_current().unwrap();
+    let current = PinnedRange::new(&f, 0..4 * PAGE, PinOptions::default(), &budget).unwrap();
+    assert_eq!(current.device(), d1, "the current device");
+    let named = PinnedRange::new_on(&d0, &f, 8 * PAGE..12 * PAGE, PinOptions::default(), &budget).unwrap();
+    let shared = PinnedRange::new_on(&d1, &f, 9 * PAGE..10 * PAGE, PinOptions::default(), &budget).unwrap();
+    assert_eq!((named.device(), shared.device(), shared.sharers()), (d0, d1, 2));
+    // Each copies to its own device.
+    for r in [&current, &named] {
+        let stream = Stream::new(&r.device()).unwrap();
+        let mut d = DeviceBuffer::<u8>::new(&r.device(), r.len() as usize).unwrap();
+        stream.copy_to_device(&r.source(), &mut d).unwrap().wait().unwrap();
+        assert_eq!(d.to_vec().unwrap(), &data[r.range().start as usize..r.range().end as usize]);
+    }
+    wirespeed_tests::child_ran("device_child");
+}
