@@ -13,6 +13,7 @@
 //! | transfer ranges, `for_each_chunk`'s chunk, scratch sizes, `Transfer` timeouts | `streamer_calls_at_every_bound` |
 //! | `PinnedRange` ranges and slices, `PinOptions`, `MappedFile` ranges and `device_buffer` sizes | `ranges_and_mappings_at_every_bound` |
 //! | `Permutation`, `Sharding`, `Records`                | `shuffle_at_every_bound` |
+//! | agent threads the system refuses                    | `agent_threads_the_system_refuses_are_a_typed_error` |
 //!
 //! Three of the defects a downstream crate found are here, each with the
 //! test that failed before its fix: a ring of 2^40 slots aborted the process
@@ -557,4 +558,61 @@ fn shuffle_at_every_bound() {
     }
     drop(f);
     t.assert_clean();
+}
+
+/// A thread count the system refuses (here every new thread, in a child
+/// process as nobody with `RLIMIT_NPROC` at 0) fails the transfer with a
+/// typed error: starting the agents' threads once panicked. With the limit
+/// back, the same streamer moves the file again.
+#[test]
+fn agent_threads_the_system_refuses_are_a_typed_error() {
+    let t = start();
+    let r = wirespeed_tests::spawn_child("refused_threads_child", &[]);
+    assert!(r.output.status.success(), "child failed:\n{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("REFUSED-THREADS:"), "the child did not say what it did:\n{}\n{}", r.stdout, r.stderr);
+    eprintln!("{}", r.stdout.lines().find(|l| l.contains("REFUSED-THREADS:")).unwrap_or_default());
+    t.assert_clean();
+}
+
+#[test]
+#[ignore = "runs in a child process started by agent_threads_the_system_refuses_are_a_typed_error"]
+fn refused_threads_child() {
+    if !wirespeed_tests::is_child("refused_threads_child") {
+        return;
+    }
+    let t = start();
+    let dir = TempDir::new("bounds-threads");
+    let (f, data) = file(&dir, LEN);
+    let budget = PinBudget::new(SMALL);
+    let strategy = Strategy::Ring { slots: 4, slot: 4096, threads: 3 };
+    let s = Streamer::new(&[dev()], StreamConfig::new(strategy, budget.clone())).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev(), LEN).unwrap();
+    s.to_device(&f, 0..LEN as u64, &mut dst).unwrap(); // the ring and the streams exist now
+    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain system calls on this process's own limits and credentials
+    // (glibc applies setresuid to every thread).
+    let refused = unsafe {
+        libc::getrlimit(libc::RLIMIT_NPROC, &mut old) == 0
+            && libc::setrlimit(libc::RLIMIT_NPROC, &libc::rlimit { rlim_cur: 0, rlim_max: old.rlim_max }) == 0
+            && (libc::geteuid() != 0 || libc::setresuid(65534, 65534, 0) == 0)
+            && std::thread::Builder::new().spawn(|| {}).is_err()
+    };
+    if refused {
+        match s.to_device(&f, 0..LEN as u64, &mut dst) {
+            Err(e @ Error::Io { .. }) => println!("REFUSED-THREADS: {e}"),
+            other => panic!("expected a typed error, got {other:?}"),
+        }
+    } else {
+        println!("REFUSED-THREADS: skipped: this process can still start threads");
+    }
+    // SAFETY: as above: the soft limit back up to the hard one, root again.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_NPROC, &old);
+        libc::setresuid(0, 0, 0);
+    }
+    s.to_device(&f, 0..LEN as u64, &mut dst).unwrap();
+    assert!(dst.to_vec().unwrap() == data);
+    drop((s, dst));
+    clean(&t, &budget);
+    wirespeed_tests::child_ran("refused_threads_child");
 }

@@ -516,7 +516,8 @@ fn run_threads<S: Sink>(
 
 /// Starts a thread for each of `agents` in `scope`, each with a clone of
 /// `crew`; ring agents copy through `lanes` when there are some, and are
-/// counted in `running` for the reserve.
+/// counted in `running` for the reserve. A thread the system refuses fails
+/// the transfer (the agents already started then stop), instead of a panic.
 fn spawn_agents<'s, S: Sink>(
     scope: &'s Scope<'s, '_>,
     crew: &Crew<'s, S>,
@@ -526,14 +527,23 @@ fn spawn_agents<'s, S: Sink>(
 ) -> Vec<ScopedJoinHandle<'s, ()>> {
     let ctx = crew.ctx;
     let mut handles = Vec::new();
+    let mut spawn = |f: Box<dyn FnOnce() + Send + 's>| {
+        if ctx.aborted() {
+            return;
+        }
+        match std::thread::Builder::new().spawn_scoped(scope, f) {
+            Ok(h) => handles.push(h),
+            Err(e) => ctx.fail(Error::io("starting an agent thread for", ctx.file.path(), e)),
+        }
+    };
     match agents.in_place {
         Some(InPlace::Whole(reg)) => {
             let crew = crew.clone();
-            handles.push(scope.spawn(move || ctx.outcome(whole_agent(crew, reg))));
+            spawn(Box::new(move || ctx.outcome(whole_agent(crew, reg))));
         }
         Some(InPlace::Windows(windows)) => {
             let crew = crew.clone();
-            handles.push(scope.spawn(move || ctx.outcome(window_agent(crew, windows))));
+            spawn(Box::new(move || ctx.outcome(window_agent(crew, windows))));
         }
         None => {}
     }
@@ -547,7 +557,7 @@ fn spawn_agents<'s, S: Sink>(
         let (crew, agent) = (crew.clone(), ring.agent(lane(k)));
         // Counted in before the reserve can look (it stops once none runs).
         let counted = running.enter();
-        handles.push(scope.spawn(move || {
+        spawn(Box::new(move || {
             let _counted = counted;
             ctx.outcome(ring_agent(crew, agent));
         }));
@@ -555,7 +565,7 @@ fn spawn_agents<'s, S: Sink>(
     for k in ring.threads..ring.threads + ring.reserve.threads {
         let crew = crew.clone();
         let agent = ReserveAgent { ring: ring.agent(lane(k)), planned: ring.threads, reserve: ring.reserve, running };
-        handles.push(scope.spawn(move || ctx.outcome(reserve_agent(crew, agent))));
+        spawn(Box::new(move || ctx.outcome(reserve_agent(crew, agent))));
     }
     handles
 }
