@@ -10,7 +10,9 @@
 //!
 //! * [`MappedFile`]: the file mapped `PROT_READ` + `MAP_SHARED` (never
 //!   `MAP_PRIVATE`, which can stall `cudaHostRegister`; never writable, which
-//!   the kernel refuses to pin), shared as `Arc<MappedFile>`.
+//!   the kernel refuses to pin), shared as `Arc<MappedFile>`; its page
+//!   tables are populated in bulk ([`MappedFile::populate`]) rather than a
+//!   page fault every few pages.
 //! * [`PinnedRange`]: any byte range of it registered **in place**
 //!   (`cudaHostRegister(ReadOnly)`), rounded out to pages, optionally
 //!   `mlock`-ed; copies from it run at the line rate. Overlapping pages share
@@ -90,6 +92,7 @@ mod budget;
 mod error;
 mod mapping;
 mod memlock;
+mod populate;
 mod range;
 mod registry;
 mod ring;

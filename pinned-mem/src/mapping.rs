@@ -22,6 +22,7 @@ use wirespeed_cuda::{Device, DeviceBuffer, HostRegistration, Pod};
 use crate::budget::Reservation;
 use crate::error::{Error, Result};
 use crate::memlock::LockTable;
+use crate::populate::{Populated, mark_unsupported};
 use crate::registry::Registry;
 use crate::util::{align_down, align_up, page_size};
 
@@ -44,6 +45,16 @@ pub(crate) type FileRegistry = Registry<HostRegistration<FileWindow>>;
 /// ```
 ///
 /// Opening is `unsafe`: see [`MappedFile::open`] for the contract.
+///
+/// A fresh mapping has no page tables: the first read of each few pages takes
+/// a page fault, even where the file is in the page cache. The streamer's
+/// ring threads (which copy from the mapping) therefore populate each part
+/// of it, 2 MiB at a time, just before they first copy from it
+/// ([`MappedFile::populate`]'s call; a part is populated once, until
+/// [`MappedFile::drop_page_cache`]). Windows and whole-file registrations need
+/// none: registering pins, and so maps, the pages itself. Call
+/// [`MappedFile::populate`] yourself before reading a fresh mapping through
+/// [`MappedFile::as_bytes`] in bulk.
 pub struct MappedFile {
     ptr: NonNull<u8>,
     len: u64,
@@ -56,6 +67,8 @@ pub struct MappedFile {
     /// Pages locked for ranges that share a registration made without
     /// `mlock` ([`PageLock`]).
     locks: LockTable,
+    /// The parts whose page tables the ring threads populated (`populate.rs`).
+    populated: Populated,
 }
 
 // SAFETY: the mapping is read-only shared memory owned by this value; reading
@@ -154,6 +167,7 @@ impl MappedFile {
             path,
             registry: Registry::new(),
             locks: LockTable::default(),
+            populated: Populated::new(map_len as u64),
         };
         // The size was read before mapping: check it still holds (a file being
         // written or truncated now would make part of the mapping fault).
@@ -344,8 +358,82 @@ impl MappedFile {
             Ok(()) | Err(nix::errno::Errno::EINVAL) => {} // EINVAL: locked pages (see above)
             Err(e) => return Err(Error::io("madvise(MADV_DONTNEED)", &self.path, e.into())),
         }
+        self.populated.clear(); // the page tables are gone
         nix::fcntl::posix_fadvise(&self.file, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
             .map_err(|e| Error::io("posix_fadvise(DONTNEED)", &self.path, e.into()))
+    }
+
+    /// Populates the page tables of bytes `range` now
+    /// (`MADV_POPULATE_READ`, Linux 5.14 and later), so that reading them
+    /// takes no page fault: pages in the page cache are mapped at once, the
+    /// others read from the file first, as a read of them would. Answers
+    /// `false`, having done nothing, where the kernel lacks the call.
+    ///
+    /// Use it on a fresh mapping of a page-cached file before reading it in
+    /// bulk through [`MappedFile::as_bytes`]: the faults it saves are a large
+    /// share of a first pass's cost. The streamer does this itself for the
+    /// parts its ring threads copy (see [`MappedFile`]); calling it first
+    /// does no harm.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-populate-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![5u8; 1 << 20])?;
+    /// // SAFETY: nothing writes or truncates the file while it is mapped.
+    /// let f = unsafe { wirespeed_pinned::MappedFile::open(&path) }?;
+    /// let done = f.populate(0..f.len())?; // false on kernels before 5.14
+    /// assert_eq!(f.as_bytes().iter().map(|&b| u64::from(b)).sum::<u64>(), 5 << 20);
+    /// # let _ = done; std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::BadRange`] for a reversed range or one past the end of the
+    /// file; [`Error::Io`] when `madvise` fails otherwise (`EFAULT` for pages
+    /// a truncation removed, `EIO` for a read error).
+    pub fn populate(&self, range: Range<u64>) -> Result<bool> {
+        self.check_range(&range)?;
+        if range.start == range.end {
+            return Ok(true);
+        }
+        let page = page_size();
+        let pages = align_down(range.start, page)..align_up(range.end, page).min(self.map_len as u64);
+        match self.advise_populate(pages) {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
+                mark_unsupported();
+                Ok(false)
+            }
+            Err(e) => Err(Error::io("madvise(MADV_POPULATE_READ)", &self.path, e.into())),
+        }
+    }
+
+    /// Populates the page tables of the parts of `range` not populated since
+    /// the mapping was made or its page cache dropped, 2 MiB at a time
+    /// (`populate.rs`): what the ring threads do before they first copy a
+    /// part. Never fails: where the kernel lacks or refuses the call, reading
+    /// faults the pages in as it would have.
+    pub(crate) fn populate_fresh(&self, range: Range<u64>) {
+        if let Some(span) = self.populated.claim(&range, self.map_len as u64)
+            && let Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) = self.advise_populate(span)
+        {
+            mark_unsupported();
+        }
+    }
+
+    /// `madvise(MADV_POPULATE_READ)` of `pages`, whole pages of the mapping
+    /// (the last one may end at the mapping's end).
+    fn advise_populate(&self, pages: Range<u64>) -> nix::Result<()> {
+        if pages.start >= pages.end || pages.end > self.map_len as u64 || !pages.start.is_multiple_of(page_size()) {
+            return Err(nix::errno::Errno::EINVAL);
+        }
+        // SAFETY: `[start, end)` lies inside this value's mapping (checked
+        // above), which it keeps mapped. MADV_POPULATE_READ only fills page
+        // tables (reading the file's pages in where they are not cached): the
+        // contents, and every `&[u8]` into them, stay as they are.
+        unsafe {
+            let at = self.ptr.add(pages.start as usize);
+            nix::sys::mman::madvise(at.cast(), (pages.end - pages.start) as usize, MmapAdvise::MADV_POPULATE_READ)
+        }
     }
 
     /// How many bytes of `range` are in the page cache now (`mincore`), counted

@@ -128,3 +128,79 @@ fn bytes_and_device_buffers_of_ranges_take_file_offsets() {
     drop((whole, words));
     t.assert_clean();
 }
+
+/// KiB of the mapping at `ptr` that have page-table entries now (`Rss` of
+/// its area in `/proc/self/smaps`), or `None` where that cannot be read.
+fn mapped_kib(ptr: *const u8) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let at = ptr as u64;
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((a, b)) = range.split_once('-')
+            && let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
+        {
+            inside = a <= at && at < b;
+        } else if inside && let Some(kb) = line.strip_prefix("Rss:") {
+            return kb.split_whitespace().next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// `populate` maps the pages of a fresh mapping without reading them (where
+/// the kernel has `MADV_POPULATE_READ`), refuses ranges outside the file,
+/// and the streamer's ring threads populate each 2 MiB part of a fresh
+/// mapping before they first copy from it: one page copied maps its part.
+#[test]
+fn populate_maps_the_pages_of_a_fresh_mapping() {
+    use wirespeed_cuda::{Device, DeviceBuffer};
+    use wirespeed_pinned::{Strategy, StreamConfig, Streamer};
+    let t = start();
+    let dir = TempDir::new("pm-map-populate");
+    let path = dir.join("data.bin");
+    let data = write_pattern_file(&path, 5, (8 << 20) + 123); // written: in the page cache
+    let f = open_mapped(&path).unwrap();
+    let base = f.as_bytes().as_ptr();
+    assert!(matches!(f.populate(0..f.len() + 1), Err(Error::BadRange { .. })));
+    #[allow(clippy::reversed_empty_ranges)] // on purpose
+    let reversed = 10..5;
+    assert!(matches!(f.populate(reversed), Err(Error::BadRange { .. })));
+    assert!(f.populate(7..7).unwrap());
+    let Some(fresh) = mapped_kib(base) else {
+        eprintln!("no /proc/self/smaps here: the mapping's page tables cannot be seen; skipped");
+        return;
+    };
+    if !f.populate(4096..(4 << 20) + 1).unwrap() {
+        eprintln!("this kernel lacks MADV_POPULATE_READ: skipped");
+        return;
+    }
+    let populated = mapped_kib(base).unwrap();
+    assert!(populated >= fresh + 4096, "{fresh} KiB mapped, then {populated} KiB after populating 4 MiB");
+    assert_eq!(f.as_bytes(), &data[..]);
+    // The ring threads, on a fresh mapping: one page copied maps its 2 MiB.
+    // The file is written a page at a time, so that its page cache holds
+    // pages, not large folios (a fault maps a whole folio, and then the
+    // populating could not be told from the fault).
+    let paged = dir.join("paged.bin");
+    {
+        use std::io::Write;
+        let mut w = std::fs::File::create(&paged).unwrap();
+        for page in data.chunks(4096) {
+            w.write_all(page).unwrap();
+        }
+    }
+    let g = open_mapped(&paged).unwrap();
+    let base = g.as_bytes().as_ptr();
+    let before = mapped_kib(base).unwrap();
+    let dev = Device::get(0).unwrap();
+    let strategy = Strategy::Ring { slots: 2, slot: 4096, threads: 1 };
+    let s = Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(1 << 20))).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev, 4096).unwrap();
+    s.to_device(&g, 0..4096, &mut dst).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), &data[..4096]);
+    let after = mapped_kib(base).unwrap();
+    assert!(after >= before + 2048, "{before} KiB mapped, then {after} KiB after copying one page");
+    drop((s, dst));
+    t.assert_clean();
+}

@@ -32,7 +32,8 @@ use crate::streamer::stats::Step;
 pub(in crate::streamer) enum Fill<'a> {
     /// `memcpy` from the mapping (page cache), after checking that the file
     /// still has those bytes (a truncated file is [`Error::FileChanged`], not
-    /// a `SIGBUS`).
+    /// a `SIGBUS`) and populating the page tables of a part copied for the
+    /// first time.
     Copy,
     /// `pread` from an `O_DIRECT` descriptor into aligned slots.
     Direct(&'a File),
@@ -87,6 +88,9 @@ fn fill(ctx: &Ctx<'_>, how: Fill<'_>, slot: FreeSlot, r: &Range<u64>) -> Result<
     match how {
         Fill::Copy => {
             ctx.file.check_has(r.end)?;
+            // A fresh mapping's first copy of a part: its page tables at once,
+            // not a page fault every few pages (see `MappedFile`).
+            ctx.file.populate_fresh(r.clone());
             let bytes = ctx.file.as_bytes();
             let part = bytes.get(r.start as usize..r.end as usize).ok_or_else(|| {
                 Error::invalid("ring agent", format!("{r:?} is outside the mapping ({} bytes)", bytes.len()))
