@@ -231,5 +231,17 @@ fn an_empty_range_through_start_ends_as_through_to_device() {
         assert!(a.to_vec().unwrap() == data[..SPAN] && b.to_vec().unwrap() == data[SPAN..], "{strategy}");
         drop((s, a, b, empty, mine));
     }
+    // With verification and an empty budget too: an empty range pins nothing
+    // (to_device once asked the budget for its bounce buffer, and failed).
+    let cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(0)).with_verify(true);
+    let s = Streamer::new(&[dev], cfg).unwrap();
+    let mut empty = DeviceBuffer::<u8>::new(&dev, 0).unwrap();
+    let want = s.to_device(&file, 5..5, &mut empty).unwrap();
+    let got = s.start(&file, 5..5, &mut empty).unwrap().wait().unwrap();
+    assert_eq!((want.bytes, want.verified, got.bytes, got.verified), (0, Some(true), 0, Some(true)));
+    let mut scratch = DeviceBuffer::<u8>::new(&dev, 1).unwrap();
+    assert_eq!(s.to_scratch(&file, 7..7, &mut scratch).unwrap().bytes, 0);
+    assert_eq!(s.for_each_chunk(&file, 7..7, 1, |_, _, _, _| panic!("no chunk")).unwrap().bytes, 0);
+    drop((s, empty, scratch));
     t.assert_clean();
 }

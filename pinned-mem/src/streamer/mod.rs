@@ -369,6 +369,9 @@ impl Streamer {
         let len = check_range(file, &range)?;
         let dst = bytes_of_range(WHAT, dst.into(), len)?;
         let stream = s.stream_of(dst.device())?;
+        if len == 0 {
+            return self.nothing(WHAT);
+        }
         s.fill(WHAT, file, range, vec![(stream, dst.detach())], None, None)
     }
 
@@ -414,6 +417,9 @@ impl Streamer {
                 ));
             }
             targets.push((s.stream_of(d.device())?, d));
+        }
+        if len == 0 {
+            return self.nothing("Streamer::to_devices");
         }
         let targets = targets.into_iter().map(|(i, d)| (i, DeviceSliceMut::from(d).detach())).collect();
         s.fill("Streamer::to_devices", file, range, targets, None, None)
@@ -513,8 +519,7 @@ impl Streamer {
             // Nothing to move, nothing to order: it ends now, as `to_device`
             // of an empty range does (queued, it would wait for the
             // transfers before it for nothing).
-            let verified = s.config.verify.then_some(true);
-            state.finish(Ok(Report::nothing(s.config.strategy.normalized()?, s.config.budget.used(), verified)));
+            state.finish(empty_report(&s.config));
             return Ok(Transfer::new(state, s));
         }
         let after = options.after_event()?;
@@ -559,6 +564,9 @@ impl Streamer {
             return Err(Error::invalid("Streamer::to_scratch", "the scratch buffer is empty"));
         }
         let stream = s.stream_of(scratch.device())?;
+        if len == 0 {
+            return self.nothing("Streamer::to_scratch");
+        }
         // Detached (and settled) before taking the streamer: an earlier
         // transfer into it that is still queued can then run.
         let mut dst = DeviceSliceMut::from(scratch).detach();
@@ -618,6 +626,9 @@ impl Streamer {
         if chunk == 0 {
             return Err(Error::invalid("Streamer::for_each_chunk", "chunk must be > 0"));
         }
+        if len == 0 {
+            return self.nothing("Streamer::for_each_chunk");
+        }
         let s = &*self.shared;
         let (_owner, mut st) = s.enter("Streamer::for_each_chunk")?;
         let mut verifier = s.verifier(&mut st, len)?;
@@ -654,6 +665,15 @@ impl Streamer {
 
     // ------------------------------------------------------------ internals
 
+    /// A blocking call's answer for an empty range: the streamer is taken
+    /// (the call comes after the transfers started before it, as any other),
+    /// and nothing is planned, pinned or allocated (no verification buffer:
+    /// an empty range cannot fail for the budget).
+    fn nothing(&self, what: &'static str) -> Result<Report> {
+        let _taken = self.shared.enter(what)?;
+        empty_report(&self.shared.config)
+    }
+
     /// Queues `job` for the worker thread, starting it on the first call.
     fn submit(&self, job: Job) -> Result<()> {
         let mut worker = lock(&self.worker);
@@ -663,4 +683,11 @@ impl Streamer {
         };
         w.send(job)
     }
+}
+
+/// The report of a transfer of an empty range with `config`: nothing moved,
+/// the configured strategy, verified (nothing differs) when verifying.
+fn empty_report(config: &StreamConfig) -> Result<Report> {
+    let verified = config.verify.then_some(true);
+    Ok(Report::nothing(config.strategy.normalized()?, config.budget.used(), verified))
 }
