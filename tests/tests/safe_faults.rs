@@ -226,10 +226,16 @@ fault_tests! {
         // unregisters (the fault was for one call) and frees the memory.
         expect_fault(reg.into_inner(), "cudaHostUnregister", 713);
         assert_eq!(t.counters().unwrap().registrations, 0);
-        // Drop itself failing: the registration and its memory are leaked.
+        // Drop failing once tries again, and unregisters.
+        let reg = HostRegistration::new(Pages::new(&data), RegisterFlags::default()).unwrap();
+        inject(t, "cudaHostUnregister", 713);
+        drop(reg);
+        assert_eq!(t.counters().unwrap().registrations, 0);
+        // Drop failing twice: the registration and its memory are leaked.
         let reg = HostRegistration::new(Pages::new(&data), RegisterFlags::default()).unwrap();
         let p = reg.as_bytes().as_ptr();
         inject(t, "cudaHostUnregister", 713);
+        assert!(t.emu().inject_fault("cudaHostUnregister", 2, 713, false));
         drop(reg);
         assert_eq!(t.counters().unwrap().registrations, 1);
         // SAFETY: the leaked registration's start; its pages stay leaked, mapped.

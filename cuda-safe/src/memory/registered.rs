@@ -110,6 +110,9 @@ pub struct HostRegistration<M: HostMemory> {
     /// kept alive until it is unregistered; leaked with the memory otherwise.
     context: Option<Arc<RegistrationContext>>,
     fence: Fence,
+    /// Unregistering failed once already ([`HostRegistration::into_inner`]):
+    /// `Drop` tries once more, not twice.
+    failed: bool,
 }
 
 // SAFETY: M is Send + Sync; the pointer is into memory M owns.
@@ -178,6 +181,7 @@ impl<M: HostMemory> HostRegistration<M> {
             device,
             context: None,
             fence: Fence::default(),
+            failed: false,
         })
     }
 
@@ -263,6 +267,7 @@ impl<M: HostMemory> HostRegistration<M> {
                 device: None,
                 context: Some(Arc::clone(ctx)),
                 fence: Fence::default(),
+                failed: false,
             }),
             Ok((Ok(()), Err(popped))) => {
                 // Registered, but the context may still be current on this
@@ -346,7 +351,10 @@ impl<M: HostMemory> HostRegistration<M> {
     /// once more and, if it still cannot confirm that no stream reads the
     /// memory (a lost context), leaks the memory rather than hand it back.
     pub fn into_inner(mut self) -> Result<M> {
-        self.release()?;
+        if let Err(e) = self.release() {
+            self.failed = true;
+            return Err(e);
+        }
         // SAFETY: released: `mem` is taken out once and `self` is forgotten
         // so Drop does not touch it again.
         let mem = unsafe { std::mem::ManuallyDrop::take(&mut self.mem) };
@@ -357,9 +365,9 @@ impl<M: HostMemory> HostRegistration<M> {
     }
 
     /// Waits for every copy that reads the memory, then unregisters it. Every
-    /// way the registration ends comes here first (`into_inner`, `Drop`, which
-    /// retries once after an error), and only `Ok` frees the memory (and its
-    /// pages, for later registrations).
+    /// way the registration ends comes here, twice at most (`into_inner`,
+    /// then `Drop` after an error; `Drop` alone, twice after an error), and
+    /// only `Ok` frees the memory (and its pages, for later registrations).
     fn release(&mut self) -> Result<()> {
         let res = self.unregister();
         if res.is_ok() {
@@ -396,8 +404,13 @@ impl<M: HostMemory> HostRegistration<M> {
 }
 
 impl<M: HostMemory> Drop for HostRegistration<M> {
+    /// Waits for the copies that read the memory and unregisters it, trying
+    /// a second time after an error (one failed call, such as a context that
+    /// could not be made current for a moment, must not leak the memory and
+    /// keep its pages registered for good); leaks the memory only when both
+    /// attempts fail (after a failed `into_inner`, this is the second).
     fn drop(&mut self) {
-        if self.release().is_ok() {
+        if self.release().is_ok() || (!self.failed && self.release().is_ok()) {
             // SAFETY: dropped once, here, after unregistering.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.mem) };
         } else if let Some(ctx) = self.context.take() {
