@@ -359,6 +359,7 @@ fn streamer_calls_at_every_bound() {
     let (f, data) = file(&dir, LEN);
     let len = LEN as u64;
     let budget = PinBudget::new(SMALL);
+    #[allow(clippy::reversed_empty_ranges)] // a reversed range, on purpose
     let ranges: Vec<Range<u64>> = vec![
         0..0,
         len..len,
@@ -420,19 +421,24 @@ fn streamer_calls_at_every_bound() {
                 Err(e) => assert!(invalid(&e) && chunk == 0, "{strategy}: chunk {chunk}: {e}"),
             }
         }
-        // Timeouts of every length.
-        let mine = Stream::new(&dev()).unwrap();
-        let mut dst = DeviceBuffer::<u8>::new(&dev(), LEN).unwrap();
-        for timeout in [Duration::ZERO, Duration::from_nanos(1), Duration::from_secs(1 << 40), Duration::MAX] {
-            let tr = s.start(&f, 0..len, &mut dst).unwrap();
-            let _ = tr.wait_timeout(timeout);
-            if timeout > Duration::from_secs(1) {
-                assert!(tr.then_on_timeout(&mine, timeout).unwrap(), "{timeout:?}");
-            }
-            tr.wait().unwrap();
-        }
-        drop((s, mine, dst));
+        transfer_timeouts(&s, &f);
+        drop(s);
         clean(&t, &budget);
+    }
+}
+
+/// A transfer's timeouts of every length: `Duration::MAX` waits as long as
+/// the call without one.
+fn transfer_timeouts(s: &Streamer, f: &Arc<MappedFile>) {
+    let mine = Stream::new(&dev()).unwrap();
+    let mut dst = DeviceBuffer::<u8>::new(&dev(), LEN).unwrap();
+    for timeout in [Duration::ZERO, Duration::from_nanos(1), Duration::from_secs(1 << 40), Duration::MAX] {
+        let tr = s.start(f, 0..LEN as u64, &mut dst).unwrap();
+        let _ = tr.wait_timeout(timeout);
+        if timeout > Duration::from_secs(1) {
+            assert!(tr.then_on_timeout(&mine, timeout).unwrap(), "{timeout:?}");
+        }
+        tr.wait().unwrap();
     }
 }
 
