@@ -11,7 +11,7 @@
 //! | `StreamConfig::reserve_threads`, `reserve_room`     | `stream_config_knobs_at_every_bound`, `reserve_threads_are_bounded` |
 //! | `Streamer::resolve`, `prepare` (file lengths)       | `resolve_and_prepare_of_any_length_are_overflow_free` |
 //! | transfer ranges, `for_each_chunk`'s chunk, scratch sizes, `Transfer` timeouts | `streamer_calls_at_every_bound` |
-//! | `PinnedRange` ranges and slices, `PinOptions`, `MappedFile` ranges and `device_buffer` sizes | `ranges_and_mappings_at_every_bound` |
+//! | `PinnedRange` ranges and slices, `PinOptions`, `MappedFile` ranges (`bytes`, `populate`, `resident_bytes`) and `device_buffer` sizes | `ranges_and_mappings_at_every_bound` |
 //! | `Permutation`, `Sharding`, `Records`                | `shuffle_at_every_bound` |
 //! | agent threads the system refuses                    | `agent_threads_the_system_refuses_are_a_typed_error` |
 //!
@@ -467,6 +467,10 @@ fn ranges_and_mappings_at_every_bound() {
             match f.bytes(r.clone()) {
                 Ok(b) => assert!(fits && b == &data[start_at as usize..end as usize], "bytes({r:?})"),
                 Err(e) => assert!(bad_range(&e) && !fits, "bytes({r:?}): {e}"),
+            }
+            match f.populate(r.clone()) {
+                Ok(_) => assert!(fits, "populate({r:?})"),
+                Err(e) => assert!(bad_range(&e) && !fits, "populate({r:?}): {e}"),
             }
             match f.resident_bytes(r.clone()) {
                 Ok(b) => assert!(fits && b <= end - start_at, "resident_bytes({r:?})"),
