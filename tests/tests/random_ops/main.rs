@@ -75,6 +75,7 @@ const FAULTS: &[&str] = &[
     "cudaStreamCreateWithFlags",
     "cuCtxCreate_v2",
     "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
 ];
 
 // ------------------------------------------------------------------ random numbers
