@@ -160,6 +160,9 @@ struct Ring {
     /// Every submit worked: the events are those of `submitted` (a slot of
     /// a ring is forgotten only then, to count what stays).
     clean: bool,
+    /// A slot of it was forgotten: nothing is submitted any more (what stays
+    /// was counted then).
+    leaked: bool,
 }
 
 struct Str {

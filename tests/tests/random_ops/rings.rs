@@ -11,9 +11,14 @@ impl World<'_> {
         self.note(op.clone());
         let Some(stream) = self.cuda(&op, Stream::new(&self.dev)) else { return };
         match PinnedRing::new(slots, slot, &budget) {
-            Ok(ring) => {
-                self.rings.push(Ring { ring, stream, held: Vec::new(), submitted: BTreeSet::new(), clean: true })
-            }
+            Ok(ring) => self.rings.push(Ring {
+                ring,
+                stream,
+                held: Vec::new(),
+                submitted: BTreeSet::new(),
+                clean: true,
+                leaked: false,
+            }),
             Err(e) => self.tolerate(&op, &e, Allowed { budget: true, ..Allowed::default() }),
         }
     }
@@ -85,6 +90,10 @@ impl World<'_> {
             self.rings[k].held.push((i, held));
             return;
         };
+        if self.rings[k].leaked {
+            drop(full); // (its events were counted when the ring was leaked)
+            return;
+        }
         let op = format!("submit slot {i} of ring {k} ({} bytes)", want.len());
         self.note(op.clone());
         let Some(mut dst) = self.cuda(&op, DeviceBuffer::<u8>::new(&self.dev, want.len())) else { return };
@@ -121,12 +130,13 @@ impl World<'_> {
     pub(super) fn release_slot(&mut self, k: usize) {
         let j = self.rng.upto(self.rings[k].held.len());
         let (i, held) = self.rings[k].held.swap_remove(j);
-        if self.rng.chance(15) && self.forgot.rings.len() < 2 && self.rings[k].clean {
+        if self.rng.chance(15) && self.forgot.rings.len() < 2 && self.rings[k].clean && !self.rings[k].leaked {
             self.note(format!("forget slot {i} of ring {k}"));
             let r = &self.rings[k];
             let events = r.submitted.len() as u64;
             let entry = (r.ring.slots() as u64, r.ring.pinned_bytes(), events, u64::from(events > 0));
             self.forgot.rings.push(entry);
+            self.rings[k].leaked = true;
             match held {
                 Held::Free(s) => std::mem::forget(s),
                 Held::Full(s, _) => std::mem::forget(s),
