@@ -215,7 +215,9 @@ impl RegistrationContext {
     /// Runs `f` with this context current on the calling thread: pushes it,
     /// runs `f`, pops it. `Err` when it could not be pushed (`f` did not run).
     /// Otherwise `f`'s result, and whether popping worked (and gave back this
-    /// context): `f` ran either way.
+    /// context): `f` ran either way. A pop that fails while this context is
+    /// still current is tried once more: left current, the context would
+    /// make every later runtime call of the thread fail.
     pub(crate) fn with_current<R>(&self, f: impl FnOnce() -> R) -> Result<(R, Result<()>)> {
         // SAFETY: the context is live while `self` is, which outlives this call.
         unsafe { raw::ctx_push(self.raw) }?;
@@ -226,6 +228,10 @@ impl RegistrationContext {
                 "RegistrationContext",
                 "the context popped was not the one pushed (a context was pushed and not popped meanwhile)",
             )),
+            Err(e) if raw::ctx_current().is_ok_and(|c| c == self.raw) => match raw::ctx_pop() {
+                Ok(p) if p == self.raw => Ok(()),
+                _ => Err(e),
+            },
             Err(e) => Err(e),
         };
         Ok((r, popped))

@@ -487,6 +487,15 @@ pub(crate) fn ctx_pop() -> Result<CUcontext> {
     Ok(c)
 }
 
+/// The calling thread's current context (null when none).
+pub(crate) fn ctx_current() -> Result<CUcontext> {
+    let d = driver()?;
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: `c` is a valid place for the handle.
+    check_driver("cuCtxGetCurrent", unsafe { (d.cuCtxGetCurrent)(&mut c) })?;
+    Ok(c)
+}
+
 /// Registers in the calling thread's current context.
 ///
 /// # Safety

@@ -34,15 +34,11 @@ impl Populated {
     /// last (granule-aligned, at most `map_len`), or `None` when there are
     /// none (or the kernel lacks the call).
     pub(crate) fn claim(&self, range: &Range<u64>, map_len: u64) -> Option<Range<u64>> {
-        if range.start >= range.end || UNSUPPORTED.load(Ordering::Relaxed) {
+        let end = range.end.min(map_len);
+        if range.start >= end || UNSUPPORTED.load(Ordering::Relaxed) {
             return None;
         }
         let mut span: Option<(u64, u64)> = None;
-        // Granules past the mapping's end hold nothing to populate.
-        let end = range.end.min(map_len);
-        if range.start >= end {
-            return None;
-        }
         for g in range.start / GRANULE..=(end - 1) / GRANULE {
             let Some(word) = self.bits.get((g / 64) as usize) else { break };
             let bit = 1 << (g % 64);
@@ -82,6 +78,7 @@ mod tests {
         assert_eq!(p.claim(&(7..7), map_len), None, "empty");
         p.clear();
         assert_eq!(p.claim(&(0..map_len), map_len), Some(0..map_len));
-        assert_eq!(p.claim(&(0..map_len + GRANULE), map_len), None, "past the mapping");
+        assert_eq!(p.claim(&(0..map_len + GRANULE), map_len), None, "nothing past the mapping");
+        assert_eq!(p.claim(&(map_len..map_len + GRANULE), map_len), None);
     }
 }

@@ -24,6 +24,7 @@
 //! | more than 1024 threads                  | `InvalidArgument`               | here |
 //! | a bad device index                      | `InvalidArgument` (the count)   | safe_api.rs, here |
 //! | an allocation larger than the device    | `cudaErrorMemoryAllocation` (+ hint) | safe_api.rs (1 PiB), here (total + 1) |
+//! | every number of the API at 0, 1, 2^40 and more | a typed error, or it works      | bounds.rs |
 //!
 //! CI and the GPU machine run as root, with `CAP_IPC_LOCK` and
 //! `CAP_DAC_OVERRIDE`: the unreadable-file and memlock cases therefore run in a

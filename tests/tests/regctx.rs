@@ -660,3 +660,52 @@ fn forget_child() {
     }
     wirespeed_tests::child_ran("forget_child");
 }
+
+/// Popping the registration context failing after a registration: the pop is
+/// tried again, so the context does not stay current on the thread (where
+/// every later runtime call failed with cudaErrorIncompatibleDriverContext);
+/// and where undoing the registration fails too, the registration is kept
+/// and returned rather than its memory handed back still registered (memory
+/// mapped there later read as registered: a copy into it failed with
+/// cudaErrorInvalidValue, the randomized test's "live buffer read back
+/// cudaErrorInvalidValue").
+#[test]
+fn a_failed_pop_leaves_the_thread_usable_and_no_memory_registered_behind() {
+    let t = start();
+    if !t.emulated() {
+        eprintln!("note: failing a pop is the emulator's control; skipped on a GPU");
+        return;
+    }
+    let d = dev();
+    let ctx = Arc::new(RegistrationContext::new(&d).unwrap());
+    let data = pattern(8, 1 << 16);
+    // One failed pop: tried again, registered, and the thread still works.
+    assert!(t.emu().inject_fault("cuCtxPopCurrent_v2", 1, 999, false));
+    let reg = HostRegistration::try_new_in(&ctx, Pages::new(&data), RegisterFlags::default()).unwrap();
+    assert_ne!(current_context(), ctx.as_raw(), "the context is off the thread");
+    let mut g = DeviceBuffer::<u8>::new(&d, data.len()).unwrap();
+    let s = Stream::new(&d).unwrap();
+    s.copy_to_device(&reg, &mut g).unwrap().wait().unwrap();
+    assert_eq!(g.to_vec().unwrap(), data);
+    drop(reg);
+    assert_eq!(t.counters().unwrap().registrations, 0);
+    // Both pops fail, and so does undoing the registration: kept, returned.
+    for nth in [1, 2, 3] {
+        assert!(t.emu().inject_fault("cuCtxPopCurrent_v2", nth, 999, false));
+    }
+    assert!(t.emu().inject_fault("cuMemHostUnregister", 1, 999, false));
+    let kept = HostRegistration::try_new_in(&ctx, Pages::new(&data), RegisterFlags::default());
+    t.emu().reset();
+    let kept = kept.unwrap_or_else(|(e, _)| panic!("handed back still registered: {e}"));
+    // The context stayed current (every pop failed): take it off by hand.
+    while current_context() == ctx.as_raw() {
+        let mut c: CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid place for the handle; the context is ours.
+        assert_eq!(unsafe { (drv().cuCtxPopCurrent_v2)(&mut c) }, CUresult::CUDA_SUCCESS);
+    }
+    s.copy_to_device(&kept, &mut g).unwrap().wait().unwrap();
+    assert_eq!(g.to_vec().unwrap(), data);
+    drop(kept);
+    drop((s, g, ctx));
+    t.assert_clean();
+}

@@ -217,7 +217,9 @@ impl<M: HostMemory> HostRegistration<M> {
     /// # Errors
     /// As [`HostRegistration::new`], from `cuMemHostRegister` as
     /// [`Error::Driver`]; [`Error::Driver`] from `cuCtxPushCurrent` or
-    /// `cuCtxPopCurrent`.
+    /// `cuCtxPopCurrent` (where popping fails after registering, the
+    /// registration is undone first; should undoing fail too, the
+    /// registration is kept and returned, since the memory stays registered).
     pub fn new_in(ctx: &Arc<RegistrationContext>, mem: M, flags: RegisterFlags) -> Result<Self> {
         Self::try_new_in(ctx, mem, flags).map_err(|(e, _)| e)
     }
@@ -254,32 +256,36 @@ impl<M: HostMemory> HostRegistration<M> {
         // SAFETY: `HostMemory` guarantees the range is mapped while `mem`
         // lives; we keep `mem` until after unregistering (or leak both).
         let registered = ctx.with_current(|| unsafe { raw::mem_host_register(p, len, flags.bits()) });
+        let made = |mem| HostRegistration {
+            mem: std::mem::ManuallyDrop::new(mem),
+            ptr,
+            len,
+            flags,
+            device: None,
+            context: Some(Arc::clone(ctx)),
+            fence: Fence::default(),
+            failed: false,
+        };
         match registered {
             Err(e) | Ok((Err(e), _)) => {
                 pages::unclaim(ptr, len);
                 Err((e, mem)) // not pushed, or not registered
             }
-            Ok((Ok(()), Ok(()))) => Ok(HostRegistration {
-                mem: std::mem::ManuallyDrop::new(mem),
-                ptr,
-                len,
-                flags,
-                device: None,
-                context: Some(Arc::clone(ctx)),
-                fence: Fence::default(),
-                failed: false,
-            }),
+            Ok((Ok(()), Ok(()))) => Ok(made(mem)),
             Ok((Ok(()), Err(popped))) => {
                 // Registered, but the context may still be current on this
                 // thread. Undo the registration (no copy can have used it: no
-                // registration was handed out) and report. Should the undo fail
-                // too, the range stays registered in `ctx` until it is
-                // destroyed; no copy reads it, so handing `mem` back is sound.
+                // registration was handed out) and report.
                 // SAFETY: registered just above in `ctx`, never used.
                 if let Ok((Ok(()), _)) = ctx.with_current(|| unsafe { raw::mem_host_unregister(p) }) {
                     pages::unclaim(ptr, len);
+                    return Err((popped, mem));
                 }
-                Err((popped, mem))
+                // The memory stays registered: handed back, its owner could
+                // free or unmap it, and memory mapped there later would read
+                // as registered (a copy into it refused, or on a GPU, made
+                // with the old pages). Kept, it is unregistered as any other.
+                Ok(made(mem))
             }
         }
     }

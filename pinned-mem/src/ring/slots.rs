@@ -219,16 +219,11 @@ impl FreeSlot {
     /// ```
     ///
     /// # Errors
-    /// [`Error::BadRange`] for bytes past the end of the mapped file,
-    /// [`Error::Io`], [`Error::FileChanged`] when the file is shorter now, or a
-    /// length past the slot.
+    /// [`Error::Io`], [`Error::FileChanged`] when the file ends before
+    /// `offset + len`, or a length past the slot.
     pub fn read_from(self, file: &crate::MappedFile, offset: u64, len: usize) -> Result<FullSlot> {
         use std::os::unix::fs::FileExt;
         let end = offset.saturating_add(len as u64);
-        if end > file.len() {
-            let reason = "the range runs past the end of the file";
-            return Err(Error::BadRange { range: offset..end, len: file.len(), reason });
-        }
         self.fill_with(|buf| {
             let cap = buf.len();
             let dst = buf.get_mut(..len).ok_or_else(|| {

@@ -105,6 +105,9 @@ struct Cursors {
     back: usize,
     /// The feed has had nothing once: no range is added any more.
     closed: bool,
+    /// Where the last range of the pass ends (its part's end moves back as
+    /// the back claims it, so the part cannot tell).
+    end: u64,
 }
 
 /// Which claimer's cursor.
@@ -137,9 +140,9 @@ impl Cursors {
         if self.closed {
             return false;
         }
-        let end = self.parts.last().map_or(0, |p| p.end);
-        match feed.and_then(|f| f.next_range(end)) {
-            Some((r, gate)) if r.start >= end && r.start < r.end => {
+        match feed.and_then(|f| f.next_range(self.end)) {
+            Some((r, gate)) if r.start >= self.end && r.start < r.end => {
+                self.end = r.end;
                 self.parts.push(r);
                 self.gates.push(gate);
                 true
@@ -155,7 +158,8 @@ impl Cursors {
 impl<'f> Claims<'f> {
     /// The claims of a pass over `range`, and of the ranges `feed` adds.
     pub(super) fn new(range: Range<u64>, feed: Option<&'f dyn Feed>) -> Claims<'f> {
-        let cursors = Cursors { parts: vec![range], gates: vec![None], front: 0, back: 0, closed: feed.is_none() };
+        let (end, closed) = (range.end, feed.is_none());
+        let cursors = Cursors { parts: vec![range], gates: vec![None], front: 0, back: 0, closed, end };
         Claims { cursor: Mutex::new(cursors), feed }
     }
 
@@ -315,6 +319,35 @@ mod tests {
         lock(&feed.0).push(4000..5000);
         assert_eq!(c.back(100, &GO), None);
         assert_eq!(feed.1.load(Ordering::Relaxed), asked);
+    }
+
+    /// A feed that answers one range, whatever it is asked, noting the end
+    /// it was asked for.
+    struct Once(Mutex<Option<Range<u64>>>, Mutex<Vec<u64>>);
+
+    impl Feed for Once {
+        fn next_range(&self, end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+            lock(&self.1).push(end);
+            let next = lock(&self.0).take()?;
+            (next.start >= end).then_some((next, None))
+        }
+    }
+
+    /// The feed is asked for a range after the end of the last range, not
+    /// after the part of it the back has not claimed yet: a queued transfer
+    /// overlapping the end of the one before once joined the pass, and its
+    /// pieces went to the earlier transfer's destination ("a piece crosses
+    /// the end of its transfer", found by the randomized test).
+    #[test]
+    fn the_feed_is_asked_after_the_last_range_not_after_its_unclaimed_part() {
+        let feed = Once(Mutex::new(Some(700..2000)), Mutex::new(Vec::new()));
+        let c = Claims::new(0..1000, Some(&feed));
+        assert_eq!(c.back(300, &GO), Some(900..1000));
+        assert_eq!(c.back(300, &GO), Some(600..900));
+        assert_eq!(c.front(1000, &GO), Some(0..600));
+        assert_eq!(c.front(1000, &GO), None, "700..2000 overlaps 0..1000: it does not join");
+        assert_eq!(*lock(&feed.1), [1000]);
+        assert_eq!(c.back(300, &GO), None);
     }
 
     #[test]
