@@ -204,7 +204,7 @@ fn errors_return_the_slot_to_the_ring() {
         write_pattern_file(&path, 15, 1000);
         let file = open_mapped(&path).unwrap();
         let ring = PinnedRing::new(2, 4096, &PinBudget::unlimited()).unwrap();
-        assert!(matches!(ring.acquire().unwrap().read_from(&file, 500, 1000), Err(Error::BadRange { .. })));
+        assert!(matches!(ring.acquire().unwrap().read_from(&file, 500, 1000), Err(Error::FileChanged { .. })));
         assert!(matches!(ring.acquire().unwrap().copy_from(&[0; 5000]), Err(Error::InvalidArgument { .. })));
         assert!(matches!(ring.acquire().unwrap().fill(10..4097), Err(Error::InvalidArgument { .. })));
         let mut short = DeviceBuffer::<u8>::new(&dev, 10).unwrap();
