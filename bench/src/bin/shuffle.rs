@@ -302,6 +302,9 @@ fn measure(a: &Args, dev: &Device, records: &Records, line: f64, spec: Spec) -> 
         rates.push(bytes / s / 1e9);
         cpus.push(c / (bytes / 1e9));
     }
+    if let Some((r, chained, transfers)) = loader.pool_report() {
+        eprintln!("{}: the pool's last transfer: {r}; {chained} of {transfers} ran chained", spec.name);
+    }
     let checked = check(&mut loader, &mut bufs, records, &seen)?;
     let blocks = (spec.way == Way::Pool).then(|| blocks_per_batch(&seen, a.batch, (a.block / a.record).max(1)));
     let gbps = median(&mut rates.clone());

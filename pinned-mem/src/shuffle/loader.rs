@@ -244,6 +244,16 @@ impl Loader {
         &self.streamer
     }
 
+    /// With [`Way::Pool`]: the report of the last transfer that filled a
+    /// slot of the pool (its strategy, rate and breakdown), and how many of
+    /// the transfers so far ran chained to the one before, of how many.
+    pub fn pool_report(&self) -> Option<(&crate::streamer::Report, u64, u64)> {
+        match &self.store {
+            Store::Pool(p) => p.last.as_ref().map(|r| (r, p.chained, p.transfers)),
+            _ => None,
+        }
+    }
+
     /// Starts epoch `epoch` from its first batch (as `DistributedSampler.set_epoch`).
     ///
     /// # Errors

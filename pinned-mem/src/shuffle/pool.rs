@@ -26,6 +26,11 @@ pub(crate) struct Pool {
     /// Groups whose transfers ended well: a batch may read them.
     landed: [Option<u64>; 2],
     pieces: Vec<Piece>,
+    /// The report of the last transfer that landed, and how many of those
+    /// so far ran chained to the one before.
+    pub last: Option<crate::streamer::Report>,
+    pub chained: u64,
+    pub transfers: u64,
 }
 
 impl Pool {
@@ -39,7 +44,17 @@ impl Pool {
                 .ok_or_else(|| Error::invalid("shuffle pool", "the pool's size overflows"))?;
             buffers.push(DeviceBuffer::<u8>::new(device, bytes + PAD)?);
         }
-        Ok(Pool { shape, buffers, queued: VecDeque::new(), next_group: 0, landed: [None, None], pieces: Vec::new() })
+        Ok(Pool {
+            shape,
+            buffers,
+            queued: VecDeque::new(),
+            next_group: 0,
+            landed: [None, None],
+            pieces: Vec::new(),
+            last: None,
+            chained: 0,
+            transfers: 0,
+        })
     }
 
     /// Forgets the epoch's groups (a new epoch, or a seek): what was started
@@ -90,7 +105,10 @@ impl Pool {
                     return Err(Error::invalid("shuffle pool", format!("group {g} was never streamed")));
                 };
                 for o in outcomes {
-                    o.wait()?;
+                    let r = o.wait()?;
+                    self.transfers += 1;
+                    self.chained += u64::from(r.chained);
+                    self.last = Some(r);
                 }
                 self.landed[(q % 2) as usize] = Some(q);
             }
