@@ -46,7 +46,7 @@ pub struct BatchInfo {
 enum Store {
     Resident(Vec<DeviceBuffer<u8>>),
     Registered(Vec<PinnedRange>),
-    Pool(Pool),
+    Pool(Box<Pool>),
     Ring(RingGather),
 }
 
@@ -507,7 +507,9 @@ fn make_store(
     match way {
         Way::Resident => resident(device, arrays, device_budget, streamer).map(Store::Resident),
         Way::Registered => registered(device, arrays, config).map(Store::Registered),
-        Way::Pool => Pool::new(device, arrays, pool_shape(arrays, config, device_budget)?).map(Store::Pool),
+        Way::Pool => {
+            Pool::new(device, arrays, pool_shape(arrays, config, device_budget)?).map(|p| Store::Pool(Box::new(p)))
+        }
         Way::Ring => RingGather::new(device, arrays, config).map(Store::Ring),
         Way::Auto | Way::Full => Err(Error::invalid("Loader", "the way is resolved before the store is made")),
     }
