@@ -237,6 +237,17 @@ impl Drop for Watchdog {
     }
 }
 
+/// Leaks `value` as [`std::mem::forget`] does (it is never dropped, and
+/// whatever it holds is never released), but keeps the address of the box it
+/// is moved into in a process-wide list, so that LeakSanitizer counts what it
+/// holds as reachable and still reports every other leak. For tests that
+/// forget handles on purpose among other operations (`tests/random_ops`).
+pub fn forget_reachably<T>(value: T) {
+    static KEPT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    let kept = Box::into_raw(Box::new(value)) as usize;
+    KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(kept);
+}
+
 /// `VmLck` of this process, in KiB (0 where `/proc` does not say).
 pub fn vm_lck_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")

@@ -110,7 +110,7 @@ impl World<'_> {
                 // Nothing reads that mapping again: a copy from the forgotten
                 // registration would leave its stream in the registration's fence.
                 let file = Arc::clone(r.file());
-                std::mem::forget(r);
+                wirespeed_tests::forget_reachably(r);
                 self.files.retain(|m| !Arc::ptr_eq(&m.file, &file));
                 self.pins.retain(|p| !Arc::ptr_eq(p.r.file(), &file));
             }
@@ -176,7 +176,7 @@ impl World<'_> {
         let n = 1 + self.rng.upto(100_000);
         self.note(format!("forget a device buffer of {n} bytes"));
         if let Some(b) = self.cuda("DeviceBuffer::new", DeviceBuffer::<u8>::new(&self.dev, n)) {
-            std::mem::forget(b);
+            wirespeed_tests::forget_reachably(b);
             self.forgot.buffers = (1, n as u64);
         }
     }

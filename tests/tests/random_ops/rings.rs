@@ -138,10 +138,10 @@ impl World<'_> {
             self.forgot.rings.push(entry);
             self.rings[k].leaked = true;
             match held {
-                Held::Free(s) => std::mem::forget(s),
-                Held::Full(s, _) => std::mem::forget(s),
+                Held::Free(s) => wirespeed_tests::forget_reachably(s),
+                Held::Full(s, _) => wirespeed_tests::forget_reachably(s),
                 Held::InFlight(s, dst, _) => {
-                    std::mem::forget(s);
+                    wirespeed_tests::forget_reachably(s);
                     drop(dst);
                 }
             }

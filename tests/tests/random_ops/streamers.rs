@@ -218,7 +218,7 @@ impl World<'_> {
                     None
                 }
                 3 => {
-                    std::mem::forget(t);
+                    wirespeed_tests::forget_reachably(t);
                     None
                 }
                 _ => None,
