@@ -10,6 +10,8 @@
 # Stages:
 #   suite     the whole suite with CUDA_REQUIRED=1 on the system runtime
 #   suite12   the runtime, kernel and loader tests on CUDA 12's runtime (.gpu/libs)
+#   suite12all  every test executable on CUDA 12's runtime
+#   resident  the resident way of the shuffle bench from Rust and from Python, 4 GiB file
 #   probe     the loader probe on the system runtime and the packed wheel runtimes
 #   bench     the full bench (BENCH_ARGS adds arguments)
 #   compare   auto, ring-cache, windows and budget-reuse by every packed bench
@@ -56,6 +58,24 @@ for stage in "${stages[@]}"; do
       CUDA_SYS_RUNTIME=$lib timeout 120 ".gpu/tests/$t" --test-threads=1 2>&1
     done >"$out/suite-cuda12-kernel-loader-api.log"
     summary "$out/suite-cuda12-kernel-loader-api.log"
+    ;;
+  suite12all)
+    lib=$PWD/.gpu/libs/libcudart.so.12
+    failed=()
+    for t in .gpu/tests/*; do
+      echo "=== $(basename "$t")"
+      CUDA_SYS_RUNTIME=$lib timeout 120 "$t" --test-threads=1 2>&1 || failed+=("$(basename "$t")")
+    done >"$out/suite-cuda12.log"
+    if [ ${#failed[@]} = 0 ]; then echo "=== every test executable passed" >>"$out/suite-cuda12.log"; else echo "=== FAILED: ${failed[*]}" >>"$out/suite-cuda12.log"; fi
+    summary "$out/suite-cuda12.log"
+    ;;
+  resident)
+    # The resident way from Rust and from Python on one file, in one run.
+    python_env || echo "no wheel: the Python row is skipped"
+    timeout 120 .gpu/run.sh shuffle --size 4G --ways resident --no-torch \
+      >"$out/shuffle-4g-file-resident-rust-and-python.log" 2>&1
+    echo "resident rc=$?"
+    sed -n '/^| row/,$p' "$out/shuffle-4g-file-resident-rust-and-python.log"
     ;;
   probe)
     { .gpu/run.sh probe; ls .gpu/libs/libcudart.so.* >/dev/null 2>&1 && .gpu/run.sh probe .gpu/libs/libcudart.so.*; } >"$out/loader-probe.log" 2>&1

@@ -113,6 +113,18 @@ def _device_index(device: Any) -> int:
     raise Error(f"device {device!r} is not a CUDA device")
 
 
+def _raw_stream_getter(torch: Any) -> Any:
+    """A function from a device index to the handle of torch's current stream
+    on it: torch's own raw lookup where it has one (one C call), else the
+    public ``torch.cuda.current_stream``."""
+    if torch is None:
+        return lambda index: None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda index: int(raw(index))
+    return lambda index: int(torch.cuda.current_stream(index).cuda_stream)
+
+
 class Loader:
     """Shuffled batches of one or more arrays of records (``np.memmap`` arrays,
     ``.npy`` paths, or ``(path, dtype, record_shape)`` for raw files), as CUDA
@@ -197,6 +209,8 @@ class Loader:
         torch = sys.modules.get("torch")
         self._torch = torch if torch is not None and torch.cuda.is_available() else None
         self._tdtypes = [self._torch_dtype(a.dtype) for a in self._arrays] if self._torch is not None else None
+        self._tdevice = self._torch.device("cuda", self._device) if self._torch is not None else None
+        self._raw_stream = _raw_stream_getter(self._torch)
 
     def _torch_dtype(self, dtype: Any) -> Any:
         np = _numpy()
@@ -279,13 +293,12 @@ class Loader:
             return None
         outs, ptrs, stream = [], [], None
         if self._torch is not None:
-            torch = self._torch
-            dev = torch.device("cuda", self._device)
+            empty, dev = self._torch.empty, self._tdevice
             for a, dt in zip(self._arrays, self._tdtypes):
-                t = torch.empty((n,) + a.shape, dtype=dt, device=dev)
+                t = empty((n,) + a.shape, dtype=dt, device=dev)
                 outs.append(t)
                 ptrs.append(t.data_ptr())
-            stream = int(torch.cuda.current_stream(dev).cuda_stream)
+            stream = self._raw_stream(self._device)
         else:
             for a in self._arrays:
                 arr = _native._DeviceArray(n * a.record_bytes, self._device, a.dtype.str, [n] + list(a.shape))

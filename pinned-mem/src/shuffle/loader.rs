@@ -130,6 +130,16 @@ pub struct Loader {
     drawn: Vec<Drawn>,
     pieces: Vec<Piece>,
     offsets: Vec<u64>,
+    /// Recorded on the loader's stream by [`Loader::ready_on`], and on the
+    /// caller's stream by [`Loader::after`]: made once, recorded again each
+    /// batch (a wait already enqueued keeps the record it was made after).
+    marks: Marks,
+}
+
+/// The two events [`Loader::ready_on`] and [`Loader::after`] record.
+struct Marks {
+    ready: Event,
+    after: Event,
 }
 
 impl std::fmt::Debug for Loader {
@@ -173,6 +183,10 @@ impl Loader {
         let way = resolve(&config, arrays, device_budget);
         let streamer = pool_streamer(device, way, &config)?;
         let stream = Stream::new(device)?;
+        let marks = Marks {
+            ready: Event::new(device, EventOptions::default())?,
+            after: Event::new(device, EventOptions::default())?,
+        };
         let kernels = if way == Way::Ring { None } else { Some(gather::kernels()?) };
         let store = make_store(way, device, arrays, &config, device_budget, &streamer)?;
         let order = make_order(&store, cut, &config, 0)?;
@@ -206,6 +220,7 @@ impl Loader {
             drawn: Vec::new(),
             pieces: Vec::new(),
             offsets: Vec::new(),
+            marks,
         })
     }
 
@@ -423,27 +438,72 @@ impl Loader {
     }
 
     /// Makes work enqueued on `stream` from now on wait, on the device, for
-    /// the batches gathered so far.
+    /// the batches gathered so far. Costs a record and a wait (no event is
+    /// made per call).
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+    /// use wirespeed_pinned::{Loader, LoaderConfig, MappedFile, Records};
+    /// # let path = std::env::temp_dir().join(format!("loader-doc-ready-{}.bin", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 64 * 4])?; // 64 records of 4 bytes
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let dev = Device::get(0)?;
+    /// let mut loader = Loader::new(&dev, &[Records::new(&file, 0, 4)?], LoaderConfig::new(16))?;
+    /// let mine = Stream::new(&dev)?; // the stream your training step runs on
+    /// let mut batch = DeviceBuffer::<u8>::new(&dev, 16 * 4)?;
+    /// loader.after(&mine)?; // the gather waits for what `mine` did so far
+    /// loader.next_into(&mut [batch.slice_mut(..)?])?;
+    /// loader.ready_on(&mine)?; // work on `mine` from now on sees the batch
+    /// # mine.synchronize()?; std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// CUDA's errors recording or waiting for an event.
-    pub fn ready_on(&self, stream: &Stream) -> Result<()> {
-        let ev = Event::new(&self.device, EventOptions::default())?;
-        self.stream.record(&ev)?;
-        stream.wait_event(&ev)?;
+    pub fn ready_on(&mut self, stream: &Stream) -> Result<()> {
+        self.stream.record(&self.marks.ready)?;
+        stream.wait_event(&self.marks.ready)?;
         Ok(())
     }
 
     /// Makes the next gathers wait, on the device, for the work enqueued on
     /// `stream` so far (the stream that allocated or last read memory given
-    /// to [`Loader::next_into`] through raw pointers, say).
+    /// to [`Loader::next_into`] through raw pointers, say). Costs a record
+    /// and a wait for a stream of the loader's device (an event is made for
+    /// a stream of another one).
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+    /// use wirespeed_pinned::{Loader, LoaderConfig, MappedFile, Records};
+    /// # let path = std::env::temp_dir().join(format!("loader-doc-after-{}.bin", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 64 * 4])?; // 64 records of 4 bytes
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let dev = Device::get(0)?;
+    /// let mut loader = Loader::new(&dev, &[Records::new(&file, 0, 4)?], LoaderConfig::new(16))?;
+    /// let other = Stream::new(&dev)?; // a stream that last used the batch's memory
+    /// loader.after(&other)?; // the next gather starts after `other`'s work so far
+    /// let mut batch = DeviceBuffer::<u8>::new(&dev, 16 * 4)?;
+    /// loader.next_into(&mut [batch.slice_mut(..)?])?;
+    /// assert_eq!(batch.to_vec()?, vec![7u8; 64]);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// CUDA's errors recording or waiting for an event.
-    pub fn after(&self, stream: &Stream) -> Result<()> {
-        let ev = Event::new(&stream.device(), EventOptions::default())?;
-        stream.record(&ev)?;
-        self.stream.wait_event(&ev)?;
+    pub fn after(&mut self, stream: &Stream) -> Result<()> {
+        if stream.device() != self.device {
+            let ev = Event::new(&stream.device(), EventOptions::default())?;
+            stream.record(&ev)?;
+            self.stream.wait_event(&ev)?;
+            return Ok(());
+        }
+        stream.record(&self.marks.after)?;
+        self.stream.wait_event(&self.marks.after)?;
         Ok(())
     }
 }
