@@ -1,4 +1,4 @@
-//! The measured runs, each in the file named for what it runs; [`file`] runs
+//! The measured runs, each in the file named for what it runs; [`mod@file`] runs
 //! the file's, in order.
 
 pub mod baselines;
