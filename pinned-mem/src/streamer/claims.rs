@@ -83,10 +83,12 @@ pub(super) enum Claim {
 /// reads stay aligned.
 ///
 /// A pass streams one range, or several, one after the other (a chained
-/// pass: [`Feed`]). Each range is claimed from both ends like a lone one;
-/// the front moves to the next range once fewer bytes are left than it
-/// leaves (`front_leaving`), the back once nothing is left, and a claimer
-/// that reaches the last range asks the feed for another. Once the feed has
+/// pass: [`Feed`]). Each range is claimed from both ends like a lone one,
+/// but for what the front leaves (`front_leaving`): the last bytes of the
+/// pass, not of each range. Each claimer moves to the next range once
+/// nothing is left in its own, and a claimer that reaches the last range, or
+/// a front nearer than it leaves to the pass's known end, asks the feed for
+/// another. Once the feed has
 /// none, it is asked no more: a range arriving later waits for the next pass
 /// (a range is never added once the claimers that would take its end have
 /// stopped).
@@ -135,6 +137,26 @@ impl Cursors {
         true
     }
 
+    /// The unclaimed bytes of the front's range and the ranges after it,
+    /// counted up to `enough`: while fewer, the feed is asked for more.
+    /// (The ranges before the back's are empty, so this is what is left.)
+    fn left_from_front(&mut self, enough: u64, feed: Option<&dyn Feed>) -> u64 {
+        let mut n = 0u64;
+        let mut i = self.front;
+        loop {
+            while let Some(p) = self.parts.get(i) {
+                n = n.saturating_add(p.end.saturating_sub(p.start));
+                i += 1;
+                if n >= enough {
+                    return n;
+                }
+            }
+            if !self.more(feed) {
+                return n;
+            }
+        }
+    }
+
     /// Adds the feed's next range, if there is one and the pass still takes one.
     fn more(&mut self, feed: Option<&dyn Feed>) -> bool {
         if self.closed {
@@ -171,8 +193,11 @@ impl<'f> Claims<'f> {
         self.front_leaving(size, 0, stop)
     }
 
-    /// As [`Claims::front`], but none from a range once fewer than `leave`
-    /// bytes are left in it (the front then moves on to the next range).
+    /// As [`Claims::front`], but none once fewer than `leave` bytes are left
+    /// in the pass: in this range and the ones after it, those the feed adds
+    /// included (it is asked for more before the front gives up). A pass of
+    /// many small ranges (a shuffle's blocks, queued pieces) is claimed from
+    /// the front all along but for its last `leave` bytes.
     pub(super) fn front_leaving(&self, size: u64, leave: u64, stop: &dyn Fn() -> bool) -> Option<Range<u64>> {
         waiting(stop, || self.try_front(size, leave))
     }
@@ -189,11 +214,13 @@ impl<'f> Claims<'f> {
         let mut g = lock(&self.cursor);
         let c = &mut *g;
         loop {
-            let Some(p) = c.parts.get_mut(c.front) else { return Claim::Done };
-            if p.start < p.end && p.end - p.start >= leave {
+            let here = c.parts.get(c.front).map(|p| p.end.saturating_sub(p.start));
+            let Some(here) = here else { return Claim::Done };
+            if here > 0 && c.left_from_front(leave, self.feed) >= leave {
                 if let Some(gate) = closed(&c.gates, c.front) {
                     return Claim::Wait(gate);
                 }
+                let Some(p) = c.parts.get_mut(c.front) else { return Claim::Done };
                 let end = ((p.start / size).saturating_add(1)).saturating_mul(size).min(p.end);
                 let r = p.start..end;
                 p.start = end;
@@ -302,16 +329,19 @@ mod tests {
         assert_eq!(c.front_leaving(300, 400, &GO), Some(0..300));
         assert_eq!(c.back(100, &GO), Some(900..1000));
         assert_eq!(c.front_leaving(300, 400, &GO), Some(300..600));
-        // 300 left, fewer than it leaves: the front moves on to the next range.
-        assert_eq!(c.front_leaving(300, 400, &GO), Some(1000..1200));
-        assert_eq!(c.back(100, &GO), Some(800..900), "the back finishes the first range");
-        assert_eq!(c.back(250, &GO), Some(750..800));
-        assert_eq!(c.back(250, &GO), Some(600..750));
-        assert_eq!(c.back(100, &GO), Some(1900..2000), "then takes the next one's end");
+        // 300 left here, fewer than it leaves, but the pass goes on: the
+        // feed is asked, and the front takes the rest of this range.
+        assert_eq!(c.front_leaving(300, 400, &GO), Some(600..900));
         assert_eq!(feed.1.load(Ordering::Relaxed), 1);
+        assert_eq!(c.back(100, &GO), Some(1900..2000), "the back takes the next one's end");
+        assert_eq!(c.front_leaving(300, 500, &GO), Some(1000..1200));
+        assert_eq!(c.back(250, &GO), Some(1750..1900));
+        assert_eq!(c.back(250, &GO), Some(1500..1750));
+        // 300 left in this range and 500 after it: the front claims on.
         assert_eq!(c.front_leaving(300, 500, &GO), Some(1200..1500));
-        assert_eq!(c.back(1000, &GO), Some(1500..1900), "cut at the range's start");
-        assert_eq!(c.front(1000, &GO), Some(2500..3000), "the third range");
+        // The last range alone is left: fewer than 501 bytes, the front stops.
+        assert_eq!(c.front_leaving(300, 501, &GO), None);
+        assert_eq!(c.front(1000, &GO), Some(2500..3000), "plain claims still take it");
         assert_eq!(c.back(100, &GO), None);
         assert_eq!(c.front(1000, &GO), None);
         // The feed had nothing once: it is not asked again.
@@ -319,6 +349,30 @@ mod tests {
         lock(&feed.0).push(4000..5000);
         assert_eq!(c.back(100, &GO), None);
         assert_eq!(feed.1.load(Ordering::Relaxed), asked);
+    }
+
+    /// Many ranges, each smaller than what the front leaves (a shuffle's
+    /// blocks): the front claims all but the pass's last bytes. It once
+    /// skipped every range smaller than that, and a pass of 64 MiB pieces
+    /// ran through the ring alone.
+    #[test]
+    fn the_front_leaves_the_end_of_the_pass_not_of_each_small_range() {
+        let feed = Ranges(Mutex::new((1..10).map(|i| i * 1000..i * 1000 + 100).collect()), AtomicU64::new(0));
+        let c = Claims::new(0..100, Some(&feed));
+        let mut front = Vec::new();
+        while let Some(r) = c.front_leaving(64, 250, &GO) {
+            front.push(r);
+        }
+        assert_eq!(front.first(), Some(&(0..64)));
+        // Every range but the last two (200 bytes, fewer than 250) was
+        // claimed by the front, whole.
+        assert_eq!(front.last(), Some(&(7040..7100)));
+        assert_eq!(front.iter().map(|r| r.end - r.start).sum::<u64>(), 800);
+        let mut back = Vec::new();
+        while let Some(r) = c.back(1000, &GO) {
+            back.push(r);
+        }
+        assert_eq!(back, [8000..8100, 9000..9100]);
     }
 
     /// A feed that answers one range, whatever it is asked, noting the end
@@ -396,13 +450,13 @@ mod tests {
         let c = Claims::new(0..1000, Some(&feed));
         assert_eq!(c.front_leaving(300, 500, &GO), Some(0..300));
         assert_eq!(c.front_leaving(300, 500, &GO), Some(300..600));
-        // 400 left: the front moves on, to a closed gate.
+        // 400 left and the gated range after it: the front claims on.
+        assert_eq!(c.front_leaving(300, 500, &GO), Some(600..900));
+        assert_eq!(c.back(250, &GO), Some(900..1000), "the back finishes the range before the gate");
+        // Then both meet the closed gate.
         assert!(matches!(c.try_front(300, 500), Claim::Wait(_)));
         let stop = || true;
         assert_eq!(c.front_leaving(300, 500, &stop), None, "a stopped pass waits no more");
-        // The back still finishes the range before the gate.
-        assert_eq!(c.back(250, &GO), Some(750..1000));
-        assert_eq!(c.back(250, &GO), Some(600..750));
         assert!(matches!(c.try_back(250), Claim::Wait(_)));
         std::thread::scope(|s| {
             let waiter = s.spawn(|| c.front_leaving(300, 500, &GO));
