@@ -140,8 +140,9 @@ fn auto_hybrid_reserve_joins_when_the_copy_engine_has_room() {
     for (reserve, streams) in [(1usize, CopyStreams::One), (1, CopyStreams::PerThread), (0, CopyStreams::One)] {
         // The emulated copy engine is slow, so the ring waits for slots there
         // and a reserve would stay asleep: `reserve_room` 1 lets it join at
-        // its first look, and a slow progress callback stretches the pass past
-        // it. On a GPU the default threshold decides (and this pass is short).
+        // once, however fast the pass (it once joined only at its first look,
+        // 20 ms in, and a busy machine could end the pass before). On a GPU
+        // the default threshold decides (and this pass is short).
         let mut cfg = StreamConfig::new(Strategy::Auto, budget.clone())
             .with_reserve_threads(reserve)
             .with_copy_streams(streams)

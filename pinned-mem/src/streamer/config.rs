@@ -71,7 +71,8 @@ pub struct StreamConfig {
     /// for free slots over a reserve thread's last look for it to join
     /// (default 0.10; see [`StreamConfig::reserve_threads`]). Lower keeps
     /// the reserve asleep on more machines, higher lets it join on more: 0
-    /// keeps it asleep; 1 or more lets it join at its first look. The share
+    /// keeps it asleep; 1 or more lets it join at once, as the pass starts,
+    /// whatever the ring's threads do. The share
     /// a whole pass saw is its
     /// [`Breakdown::slot_wait_seconds`](super::Breakdown::slot_wait_seconds)
     /// over its ring threads' time. Not a number (NaN) is refused by

@@ -90,24 +90,34 @@ impl Drop for RunningGuard<'_> {
 /// returns when the pass has nothing left for it (or failed).
 pub(in crate::streamer) fn reserve_agent<S: Sink>(crew: Crew<'_, S>, agent: ReserveAgent<'_>) -> Result<()> {
     let (ctx, running) = (crew.ctx, agent.running);
-    if !nap(ctx, running, WARM_UP) {
+    // A room of 1 or more joins whatever a look would see: at once.
+    let at_once = agent.reserve.room >= 1.0;
+    if !at_once && !nap(ctx, running, WARM_UP) {
         return Ok(());
     }
-    let mut before = (Instant::now(), ctx.stats.snapshot());
-    loop {
-        if !nap(ctx, running, LOOK) {
-            return Ok(());
-        }
-        let now = (Instant::now(), ctx.stats.snapshot());
-        let span = now.0.duration_since(before.0).as_secs_f64() * agent.planned.max(1) as f64;
-        if has_room(&now.1.since(&before.1), span, agent.reserve.room) {
-            break;
-        }
-        before = now;
+    if !at_once && !watch(ctx, &agent) {
+        return Ok(());
     }
     ctx.stats.reserve_joined.fetch_add(1, Ordering::Relaxed);
     let _counted = running.enter();
     ring_agent(crew, RingAgent { from_back: true, ..agent.ring })
+}
+
+/// Looks at the pass every [`LOOK`] until the copy engine shows room (true)
+/// or the ring's agents have all stopped or the pass failed (false).
+fn watch(ctx: &Ctx<'_>, agent: &ReserveAgent<'_>) -> bool {
+    let mut before = (Instant::now(), ctx.stats.snapshot());
+    loop {
+        if !nap(ctx, agent.running, LOOK) {
+            return false;
+        }
+        let now = (Instant::now(), ctx.stats.snapshot());
+        let span = now.0.duration_since(before.0).as_secs_f64() * agent.planned.max(1) as f64;
+        if has_room(&now.1.since(&before.1), span, agent.reserve.room) {
+            return true;
+        }
+        before = now;
+    }
 }
 
 /// Whether the ring moved bytes over a span of `thread_seconds` (its length
