@@ -1,9 +1,7 @@
 //! The gather kernel (`kernels/gather.cu`), loaded once per process, behind
 //! a safe call that checks every address the kernel will touch.
 
-use wirespeed_cuda::{
-    DeviceBuffer, DeviceSlice, DeviceSliceMut, Kernel, KernelArgs, LaunchConfig, Library, PinnedSlice, Stream,
-};
+use wirespeed_cuda::{DeviceSlice, DeviceSliceMut, Kernel, KernelArgs, LaunchConfig, Library, PinnedSlice, Stream};
 
 use super::order::Permutation;
 use crate::error::{Error, Result};
@@ -17,7 +15,7 @@ const ENTRY_PERM: &str = "wirespeed_gather_perm";
 const THREADS: u32 = 256;
 const MAX_BLOCKS: u64 = 4096;
 
-/// The gather kernels: by uploaded offsets, and by a permutation computed on
+/// The gather kernels: by offsets the host wrote, and by a permutation computed on
 /// the device. The loader keeps them: dropping the last handle unloads the
 /// library once its launches have completed.
 #[derive(Clone)]
@@ -50,15 +48,15 @@ impl Source<'_> {
 
 /// Enqueues on `stream` the gather of `n` records of `rec` bytes into `dst`
 /// (packed): record `k` is the `rec` bytes of `src` at `offsets[k]`, where
-/// `host_offsets` is what `offsets` holds (or will hold, once the copy into
-/// it that `stream` runs first has run): it is checked here, so the kernel
-/// touches nothing outside `src`, `offsets` and `dst`.
+/// `offsets` is pinned memory the kernel reads in place and `host_offsets`
+/// is what it holds: that is checked here, so the kernel touches nothing
+/// outside `src`, `offsets` and `dst`.
 pub(crate) fn gather<'a>(
     stream: &'a Stream,
     kernel: &Kernel,
     dst: &'a mut DeviceSliceMut<'_, u8>,
     src: &'a Source<'_>,
-    offsets: (&'a DeviceBuffer<u64>, &[u64]),
+    offsets: (&'a PinnedSlice<'_, u64>, &[u64]),
     rec: u64,
 ) -> Result<()> {
     let (offsets, host_offsets) = offsets;
@@ -67,7 +65,7 @@ pub(crate) fn gather<'a>(
         return Ok(());
     }
     let bytes = n.checked_mul(rec).ok_or_else(|| Error::invalid("gather", "the batch's size overflows"))?;
-    if dst.len() as u64 != bytes || offsets.len() < host_offsets.len() {
+    if dst.len() as u64 != bytes || offsets.len() != host_offsets.len() {
         return Err(Error::invalid(
             "gather",
             format!("a destination of {} bytes for {n} records of {rec} bytes", dst.len()),
@@ -81,13 +79,12 @@ pub(crate) fn gather<'a>(
         ));
     }
     let blocks = n.div_ceil(u64::from(THREADS / 32)).min(MAX_BLOCKS) as u32;
-    let offsets = offsets.slice(..host_offsets.len())?;
     let args = KernelArgs::new().write(dst);
     let args = match src {
         Source::Device(s) => args.read(s),
         Source::Host(s) => args.read_host(s),
     };
-    let args = args.read(&offsets).value(n).value(rec);
+    let args = args.read_host(offsets).value(n).value(rec);
     // SAFETY: wirespeed_gather(dst, src, offsets, n, rec) takes these five
     // 8-byte parameters in this order; it writes the `n * rec` bytes of `dst`
     // (checked to be its length) and reads `offsets[..n]` and, for each k,

@@ -55,9 +55,11 @@ enum Order {
     Pool(PoolOrder),
 }
 
+/// A batch's record offsets for the pool's gather, per array, in pinned
+/// memory the kernel reads over the bus (an upload through the copy engine
+/// would queue behind the pool's streaming copies).
 struct Stage {
     host: Vec<PinnedBuffer<u64>>,
-    device: Vec<DeviceBuffer<u64>>,
 }
 
 /// Shuffled batches of records, shaped like PyTorch's `DataLoader` with a
@@ -193,10 +195,9 @@ impl Loader {
         let mut stages = Vec::with_capacity(STAGES);
         if way == Way::Pool {
             for _ in 0..STAGES {
-                let mut st = Stage { host: Vec::new(), device: Vec::new() };
+                let mut st = Stage { host: Vec::new() };
                 for _ in arrays {
                     st.host.push(PinnedBuffer::new(config.batch_size as usize)?);
-                    st.device.push(DeviceBuffer::new(device, config.batch_size as usize)?);
                 }
                 stages.push(st);
             }
@@ -260,11 +261,22 @@ impl Loader {
     }
 
     /// With [`Way::Pool`]: the report of the last transfer that filled a
-    /// slot of the pool (its strategy, rate and breakdown), and how many of
-    /// the transfers so far ran chained to the one before, of how many.
+    /// whole slot of the pool (its strategy, rate and breakdown), and how
+    /// many of the transfers so far ran chained to the one before, of how
+    /// many.
     pub fn pool_report(&self) -> Option<(&crate::streamer::Report, u64, u64)> {
         match &self.store {
             Store::Pool(p) => p.last.as_ref().map(|r| (r, p.chained, p.transfers)),
+            _ => None,
+        }
+    }
+
+    /// With [`Way::Pool`]: the seconds batches have waited on the host, so
+    /// far, for the pool's blocks to land (the rest of an epoch's time is
+    /// the batches' own).
+    pub fn pool_waited_seconds(&self) -> Option<f64> {
+        match &self.store {
+            Store::Pool(p) => Some(p.waited),
             _ => None,
         }
     }
@@ -415,8 +427,10 @@ impl Loader {
         Ok(())
     }
 
-    /// The pool's gather: each record's offset in its slot, uploaded through
-    /// one of the staging buffers, then gathered.
+    /// The pool's gather: each record's offset in its half of the pool,
+    /// written to one of the staging buffers (which the kernel reads in
+    /// place), then gathered, one gather per half the batch draws from (its
+    /// records of one group come before those of the next).
     fn gather_pooled(&mut self, b: u64, n: u64, dsts: &mut [DeviceSliceMut<'_, u8>], kernels: &Kernels) -> Result<()> {
         self.fill_records(b);
         let Store::Pool(pool) = &self.store else {
@@ -425,14 +439,23 @@ impl Loader {
         let stage = &mut self.stages[self.turn];
         self.turn = (self.turn + 1) % STAGES;
         let k = n as usize;
+        // Where the records of the first half drawn from end.
+        let first_half = self.drawn.first().map_or(0, |d| pool.half_of(d));
+        let split = self.drawn.iter().position(|d| pool.half_of(d) != first_half).unwrap_or(k);
         for (i, (a, dst)) in self.arrays.iter().zip(dsts.iter_mut()).enumerate() {
             let rec = a.record_bytes();
             pool.offsets(rec, &self.drawn, &mut self.offsets);
-            let src = Source::Device(pool.source(i)?);
             stage.host[i].as_mut_slice()?[..k].copy_from_slice(&self.offsets);
-            self.stream.copy_to_device(&stage.host[i].slice(..k)?, &mut stage.device[i].slice_mut(..k)?)?.detach();
-            let mut dst = dst.slice_mut(..(n * rec) as usize)?;
-            gather::gather(&self.stream, &kernels.by_offsets, &mut dst, &src, (&stage.device[i], &self.offsets), rec)?;
+            let mut whole = dst.slice_mut(..(n * rec) as usize)?;
+            let (mut head, mut tail) = whole.split_at_mut(split * rec as usize)?;
+            for (run, part, half) in [(0..split, &mut head, first_half), (split..k, &mut tail, 1 - first_half)] {
+                if run.is_empty() {
+                    continue;
+                }
+                let src = Source::Device(pool.source(i, half)?);
+                let offsets = stage.host[i].slice(run.clone())?;
+                gather::gather(&self.stream, &kernels.by_offsets, part, &src, (&offsets, &self.offsets[run]), rec)?;
+            }
         }
         Ok(())
     }
@@ -614,7 +637,8 @@ fn pool_shape(arrays: &[Records], config: &LoaderConfig, device_budget: u64) -> 
     let per_record: u64 = arrays.iter().map(Records::record_bytes).sum();
     let block_records = (config.block_bytes / widest).clamp(1, arrays[0].count());
     let slot = block_records.saturating_mul(per_record);
-    let slots = device_budget.saturating_sub((PAD * arrays.len()) as u64) / slot.saturating_mul(2).max(1);
+    // Each array's two halves, each followed by PAD bytes.
+    let slots = device_budget.saturating_sub((2 * PAD * arrays.len()) as u64) / slot.saturating_mul(2).max(1);
     if slots == 0 {
         return Err(Error::invalid(
             "Loader (pool)",

@@ -3,6 +3,9 @@
 //! halves in device memory ([`PoolOrder`]).
 
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use wirespeed_cuda::locks::lock;
 
 use super::order::{Permutation, Sharding, key};
 use crate::error::{Error, Result};
@@ -84,6 +87,71 @@ pub(crate) struct PoolOrder {
     epoch: u64,
     /// Start of each group in the rank's share, and the share's length at the end.
     group_starts: Vec<u64>,
+    /// The permuted positions of the last groups batches drew from, by group
+    /// parity ([`GroupTable`]).
+    tables: Tables,
+}
+
+/// [`PoolOrder`]'s tables (a clone starts without any).
+#[derive(Default)]
+struct Tables(Mutex<[Option<GroupTable>; 2]>);
+
+impl Clone for Tables {
+    fn clone(&self) -> Self {
+        Tables::default()
+    }
+}
+
+impl std::fmt::Debug for Tables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tables")
+    }
+}
+
+/// Where each position of a group goes in its permuted order, computed once
+/// per group by several threads: the permutation costs tens of nanoseconds a
+/// position, which for every record of every batch on the loader's thread
+/// was the bound of the pool's batches.
+struct GroupTable {
+    group: u64,
+    at: Arc<Vec<u32>>,
+}
+
+/// Threads that compute a group's table.
+const TABLE_THREADS: usize = 8;
+
+/// `perm.at(i)` for every `i` of `0..perm.len()` (which fits `u32`); a
+/// part whose thread cannot be started is computed here.
+fn table_of(perm: &Permutation) -> Vec<u32> {
+    let n = perm.len() as usize;
+    let mut at = vec![0u32; n];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, TABLE_THREADS);
+    let chunk = n.div_ceil(threads).max(1 << 16);
+    let mut left = Vec::new();
+    std::thread::scope(|s| {
+        let mut rest: &mut [u32] = &mut at;
+        let mut first = 0;
+        while !rest.is_empty() {
+            let (part, tail) = rest.split_at_mut(chunk.min(rest.len()));
+            rest = tail;
+            let (start, end) = (first, first + part.len());
+            first = end;
+            if std::thread::Builder::new().spawn_scoped(s, move || fill(perm, start, part)).is_err() {
+                left.push(start..end);
+            }
+        }
+    });
+    for r in left {
+        fill(perm, r.start, &mut at[r]);
+    }
+    at
+}
+
+/// `part[j] = perm.at(first + j)`.
+fn fill(perm: &Permutation, first: usize, part: &mut [u32]) {
+    for (j, v) in part.iter_mut().enumerate() {
+        *v = perm.at((first + j) as u64) as u32;
+    }
 }
 
 impl PoolOrder {
@@ -97,7 +165,8 @@ impl PoolOrder {
         let full_blocks = n / shape.block_records;
         let k = key(seed, &[BLOCKS, epoch]);
         let blocks = if shuffle { Permutation::new(full_blocks, k) } else { Permutation::identity(full_blocks) };
-        let mut order = PoolOrder { cut, shape, blocks, full_blocks, seed, epoch, group_starts: Vec::new() };
+        let tables = Tables::default();
+        let mut order = PoolOrder { cut, shape, blocks, full_blocks, seed, epoch, group_starts: Vec::new(), tables };
         order.group_starts = order.find_groups();
         if !shuffle {
             order.seed = u64::MAX; // marks the identity order of each group (see group_perm)
@@ -199,6 +268,23 @@ impl PoolOrder {
         Permutation::new(len, key(self.seed, &[GROUP, self.epoch, self.share().start + self.group_range(g).start]))
     }
 
+    /// Group `g`'s table of permuted positions, made on first use (`None`
+    /// for a group of more than `u32::MAX` records: positions are then
+    /// permuted one by one).
+    fn group_table(&self, g: u64, perm: &Permutation) -> Option<Arc<Vec<u32>>> {
+        if perm.len() > u64::from(u32::MAX) {
+            return None;
+        }
+        let mut tables = lock(&self.tables.0);
+        let slot = &mut tables[(g % 2) as usize];
+        if let Some(t) = slot.as_ref().filter(|t| t.group == g) {
+            return Some(Arc::clone(&t.at));
+        }
+        let at = Arc::new(table_of(perm));
+        *slot = Some(GroupTable { group: g, at: Arc::clone(&at) });
+        Some(at)
+    }
+
     /// The groups that batch `b` reads (one, or two at a boundary).
     pub(crate) fn batch_groups(&self, b: u64) -> Range<u64> {
         let r = self.cut.batch(b);
@@ -223,6 +309,7 @@ impl PoolOrder {
         let base = self.share().start;
         let mut cached = u64::MAX;
         let mut perm = Permutation::identity(0);
+        let mut table = None;
         let mut starts: Vec<u64> = Vec::new();
         for p in r {
             let i = p - base;
@@ -231,6 +318,7 @@ impl PoolOrder {
             if g != cached {
                 self.pieces(g, pieces);
                 perm = self.group_perm(g, gr.end - gr.start);
+                table = self.group_table(g, &perm);
                 starts.clear();
                 let mut acc = 0;
                 for piece in pieces.iter() {
@@ -239,7 +327,10 @@ impl PoolOrder {
                 }
                 cached = g;
             }
-            let j = perm.at(i - gr.start);
+            let j = match &table {
+                Some(t) => u64::from(t[(i - gr.start) as usize]),
+                None => perm.at(i - gr.start),
+            };
             let s = starts.partition_point(|&x| x <= j) - 1;
             let within = j - starts[s];
             let slot = (g % 2) * self.shape.slots + s as u64;
@@ -262,6 +353,16 @@ pub(crate) struct Drawn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_table_is_the_permutation_computed_in_parts() {
+        for n in [1u64, 5, (1 << 16) + 3, 300_001] {
+            let perm = Permutation::new(n, 42);
+            let t = table_of(&perm);
+            assert_eq!(t.len() as u64, n);
+            assert!(t.iter().enumerate().all(|(i, &v)| u64::from(v) == perm.at(i as u64)), "{n}");
+        }
+    }
 
     fn every_record(n: u64, t: u64, slots: u64, bs: u64, world: u64, drop_last: bool, shuffle: bool) {
         let shape = PoolShape { block_records: t, slots };

@@ -1,6 +1,13 @@
 //! [`Way::Pool`](super::Way::Pool): blocks of the files streamed into two
 //! halves of a pool in device memory, a group of blocks per half, the next
 //! group streaming into one half while batches are drawn from the other.
+//!
+//! The two halves are two allocations, each with its own fence, and a
+//! batch's gather reads only the half of its group (a batch drawing from two
+//! groups gathers each group's records apart): a gather reading the half
+//! being streamed into would wait for those copies (on the host for the
+//! transfers still enqueueing, on the device for the rest), and batches would
+//! be drawn no faster than the next group streams.
 
 use std::collections::VecDeque;
 
@@ -11,14 +18,15 @@ use super::records::Records;
 use crate::error::{Error, Result};
 use crate::streamer::{Outcome, Streamer};
 
-/// Bytes after each pool buffer, so that the gather kernel's aligned 16-byte
-/// reads of a slot's last record stay inside the allocation.
+/// Bytes after each half of the pool (and after each resident buffer), so
+/// that the gather kernel's aligned 16-byte reads of a slot's last record
+/// stay inside the allocation.
 pub(crate) const PAD: usize = 16;
 
-/// The pool of every array (same records per slot, each its own buffer).
+/// The pool of every array (same records per slot, each its own two halves).
 pub(crate) struct Pool {
     pub shape: PoolShape,
-    pub buffers: Vec<DeviceBuffer<u8>>,
+    pub buffers: Vec<[DeviceBuffer<u8>; 2]>,
     /// Groups whose transfers were started and not yet waited for, oldest first.
     queued: VecDeque<(u64, Vec<Outcome>)>,
     /// The next group to start.
@@ -26,11 +34,14 @@ pub(crate) struct Pool {
     /// Groups whose transfers ended well: a batch may read them.
     landed: [Option<u64>; 2],
     pieces: Vec<Piece>,
-    /// The report of the last transfer that landed, and how many of those
-    /// so far ran chained to the one before.
+    /// The report of the last transfer that landed filling a whole slot
+    /// (the largest so far), and how many of those so far ran chained to the
+    /// one before.
     pub last: Option<crate::streamer::Report>,
     pub chained: u64,
     pub transfers: u64,
+    /// Seconds the host waited for groups to land.
+    pub waited: f64,
 }
 
 impl Pool {
@@ -38,11 +49,12 @@ impl Pool {
     pub(crate) fn new(device: &Device, arrays: &[Records], shape: PoolShape) -> Result<Pool> {
         let mut buffers = Vec::with_capacity(arrays.len());
         for a in arrays {
-            let bytes = slot_bytes(shape, a.record_bytes())
-                .checked_mul(2 * shape.slots)
+            let half = slot_bytes(shape, a.record_bytes())
+                .checked_mul(shape.slots)
+                .and_then(|h| h.checked_add(PAD as u64))
                 .and_then(|b| usize::try_from(b).ok())
                 .ok_or_else(|| Error::invalid("shuffle pool", "the pool's size overflows"))?;
-            buffers.push(DeviceBuffer::<u8>::new(device, bytes + PAD)?);
+            buffers.push([DeviceBuffer::<u8>::new(device, half)?, DeviceBuffer::<u8>::new(device, half)?]);
         }
         Ok(Pool {
             shape,
@@ -54,6 +66,7 @@ impl Pool {
             last: None,
             chained: 0,
             transfers: 0,
+            waited: 0.0,
         })
     }
 
@@ -99,6 +112,7 @@ impl Pool {
             self.start(streamer, arrays, order, self.next_group)?;
             self.next_group += 1;
         }
+        let t0 = std::time::Instant::now();
         for g in groups {
             while self.landed[(g % 2) as usize] != Some(g) {
                 let Some((q, outcomes)) = self.queued.pop_front() else {
@@ -108,11 +122,14 @@ impl Pool {
                     let r = o.wait()?;
                     self.transfers += 1;
                     self.chained += u64::from(r.chained);
-                    self.last = Some(r);
+                    if self.last.as_ref().is_none_or(|l| r.bytes >= l.bytes) {
+                        self.last = Some(r);
+                    }
                 }
                 self.landed[(q % 2) as usize] = Some(q);
             }
         }
+        self.waited += t0.elapsed().as_secs_f64();
         Ok(())
     }
 
@@ -120,18 +137,20 @@ impl Pool {
     /// that the streamer runs them as one pass), every array in turn.
     fn start(&mut self, streamer: &Streamer, arrays: &[Records], order: &PoolOrder, g: u64) -> Result<()> {
         order.pieces(g, &mut self.pieces);
+        // Each piece's slot within the group's half.
         let mut slots: Vec<(u64, Piece)> =
-            self.pieces.iter().cloned().enumerate().map(|(i, p)| ((g % 2) * self.shape.slots + i as u64, p)).collect();
+            self.pieces.iter().cloned().enumerate().map(|(i, p)| (i as u64, p)).collect();
         slots.sort_by_key(|(_, p)| p.records.start);
         self.landed[(g % 2) as usize] = None;
         let mut outcomes = Vec::with_capacity(slots.len() * arrays.len());
-        for (a, buf) in arrays.iter().zip(self.buffers.iter_mut()) {
-            let sb = slot_bytes(self.shape, a.record_bytes());
+        for (a, halves) in arrays.iter().zip(self.buffers.iter_mut()) {
+            let buf = &mut halves[(g % 2) as usize];
+            let rec = a.record_bytes();
             // Each piece's slot, detached one after the other (a slot's span
             // is held until its transfer has ended), queued together.
             let mut pieces = Vec::with_capacity(slots.len());
             for (slot, piece) in &slots {
-                let start = (slot * sb) as usize;
+                let start = (slot * slot_bytes(self.shape, rec)) as usize;
                 let span = a.span(piece.records.clone());
                 let len = (span.end - span.start) as usize;
                 pieces.push((span, buf.slice_mut(start..start + len)?.detach()));
@@ -146,16 +165,22 @@ impl Pool {
         Ok(())
     }
 
-    /// The byte offset in array `rec`'s pool of each drawn record.
+    /// The half (0 or 1) of the pool that drawn record `d` lies in.
+    pub(crate) fn half_of(&self, d: &Drawn) -> usize {
+        usize::from(d.slot >= self.shape.slots)
+    }
+
+    /// The byte offset of each drawn record in its half of the pool of an
+    /// array of `rec`-byte records.
     pub(crate) fn offsets(&self, rec: u64, drawn: &[Drawn], out: &mut Vec<u64>) {
         let sb = slot_bytes(self.shape, rec);
         out.clear();
-        out.extend(drawn.iter().map(|d| d.slot * sb + d.index * rec));
+        out.extend(drawn.iter().map(|d| (d.slot % self.shape.slots) * sb + d.index * rec));
     }
 
-    /// Array `i`'s pool, as a gather reads it.
-    pub(crate) fn source(&self, i: usize) -> Result<DeviceSlice<'_, u8>> {
-        let b = &self.buffers[i];
+    /// Half `h` of array `i`'s pool, as a gather reads it.
+    pub(crate) fn source(&self, i: usize, h: usize) -> Result<DeviceSlice<'_, u8>> {
+        let b = &self.buffers[i][h];
         Ok(b.slice(..b.len() - PAD)?)
     }
 }
