@@ -55,7 +55,7 @@ struct Args {
     /// Epochs timed per row
     #[arg(long, default_value = "5", value_parser = parse_count)]
     reps: usize,
-    /// Which ways, comma-separated: pool, registered, resident, ring
+    /// Which ways, comma-separated: pool, registered, resident, ring (`ring:N`: with N threads)
     #[arg(long, default_value = "pool,registered,resident,ring", value_delimiter = ',')]
     ways: Vec<String>,
     /// Skip PyTorch's DataLoader rows
@@ -164,14 +164,22 @@ fn run(a: &Args, dev: Device) -> Res<bool> {
     let mut rows = Vec::new();
     let mut ok = true;
     for w in &a.ways {
-        let (name, way, pin, dev_budget) = match w.as_str() {
+        let (w, threads) = match w.split_once(':') {
+            Some((w, t)) => (w, Some(t.parse::<usize>().map_err(|_| format!("--ways: {t:?} is not a thread count"))?)),
+            None => (w.as_str(), None),
+        };
+        let (name, way, pin, dev_budget) = match w {
             "pool" => ("shuffle-pool", Way::Pool, a.budget, a.pool),
             "registered" => ("shuffle-full-registered", Way::Registered, records.count() * a.record + (64 << 20), 0),
             "resident" => ("shuffle-full-resident", Way::Resident, a.budget, records.count() * a.record + (1 << 20)),
             "ring" => ("shuffle-full-ring", Way::Ring, a.budget, 0),
             other => return Err(format!("--ways: unknown way {other:?} (pool, registered, resident, ring)")),
         };
-        let spec = Spec { name, way, pin, dev_budget, cold: false };
+        let name = match threads {
+            Some(t) => format!("{name}-{t}-threads"),
+            None => name.to_string(),
+        };
+        let spec = Spec { name: name.clone(), way, pin, dev_budget, cold: false, threads };
         match measure(a, &dev, &records, line, spec) {
             Ok(row) => rows.push(row),
             Err(e) => {
@@ -180,7 +188,7 @@ fn run(a: &Args, dev: Device) -> Res<bool> {
             }
         }
         if w == "pool" && a.cold {
-            let spec = Spec { name: "shuffle-pool-cold", way, pin, dev_budget, cold: true };
+            let spec = Spec { name: "shuffle-pool-cold".into(), way, pin, dev_budget, cold: true, threads };
             match measure(a, &dev, &records, line, spec) {
                 Ok(row) => rows.push(row),
                 Err(e) => eprintln!("shuffle-pool-cold: {e}"),
@@ -228,11 +236,13 @@ fn line_rate(dev: &Device) -> wirespeed_cuda::Result<f64> {
 }
 
 struct Spec {
-    name: &'static str,
+    name: String,
     way: Way,
     pin: u64,
     dev_budget: u64,
     cold: bool,
+    /// Threads of the ring way (the loader's default if none).
+    threads: Option<usize>,
 }
 
 /// One epoch: every batch gathered into two alternating buffers; returns
@@ -279,6 +289,10 @@ fn measure(a: &Args, dev: &Device, records: &Records, line: f64, spec: Spec) -> 
         .pin_budget(PinBudget::new(spec.pin))
         .device_budget(spec.dev_budget.max(1))
         .block_bytes(a.block);
+    let config = match spec.threads {
+        Some(t) => config.ring_threads(t),
+        None => config,
+    };
     let budget = config.pin_budget.clone();
     eprintln!("{}: ...", spec.name);
     let (t0, c0) = (Instant::now(), cpu::process_seconds());
@@ -303,13 +317,20 @@ fn measure(a: &Args, dev: &Device, records: &Records, line: f64, spec: Spec) -> 
         cpus.push(c / (bytes / 1e9));
     }
     if let Some((r, chained, transfers)) = loader.pool_report() {
-        eprintln!("{}: the pool's last transfer: {r}; {chained} of {transfers} ran chained", spec.name);
+        eprintln!("{}: the pool's last transfer of a whole block: {r}; {}", spec.name, r.breakdown);
+        let waited = loader.pool_waited_seconds().unwrap_or(0.0);
+        let total = setup.0 + s + rates.iter().map(|g| bytes / g / 1e9).sum::<f64>();
+        eprintln!(
+            "{}: {chained} of {transfers} transfers ran chained; batches waited {waited:.3} s for blocks to land, \
+             of {total:.3} s in all",
+            spec.name
+        );
     }
     let checked = check(&mut loader, &mut bufs, records, &seen)?;
     let blocks = (spec.way == Way::Pool).then(|| blocks_per_batch(&seen, a.batch, (a.block / a.record).max(1)));
     let gbps = median(&mut rates.clone());
     Ok(Row {
-        name: spec.name.into(),
+        name: spec.name.clone(),
         way: format!("{:?}", loader.way()),
         gbps,
         x_line: gbps / line,
