@@ -19,6 +19,8 @@
 #   shuffle   the shuffle bench (SHUFFLE_ARGS adds arguments), then a cold pool run
 #   python    the Python package (.gpu/wheels): the training example alone and
 #             under torchrun (two ranks, one GPU), the ranks' shares checked
+#   pool      the pool and ring ways (32 GiB file), registered and resident (16 GiB), registered (8 GiB)
+#   pieces    64 MiB pieces queued back to back (bench and Python), batches' first pass, 80 MiB rows
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
 #             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
 #             rows through the ring beside PyTorch's, and Python's batches and read_into
@@ -132,6 +134,46 @@ for stage in "${stages[@]}"; do
     echo "file_batches rc=$?"; tail -8 "$out/python-file-batches-first-pass.log"
     timeout 120 python3 python/examples/rows.py >"$out/python-rows-read-into-from-host.log" 2>&1
     echo "rows.py rc=$?"; tail -8 "$out/python-rows-read-into-from-host.log"
+    ;;
+  pool)
+    # The pool, the ring (8 and 16 threads) on a 32 GiB file, beside DataLoader's rows and the
+    # Python Loader; then the registered and resident ways on a 16 GiB file (the registered
+    # goal's size) and the registered way on an 8 GiB file.
+    python_env || echo "no wheel: the Python rows are skipped"
+    timeout 300 .gpu/run.sh shuffle --ways pool,ring,ring:16 --json "$out/shuffle-32g.json" \
+      >"$out/shuffle-32g-file-pool-ring.log" 2>&1
+    echo "shuffle 32G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-ring.log"
+    grep "last transfer" "$out/shuffle-32g-file-pool-ring.log"
+    timeout 150 .gpu/run.sh shuffle --size 16G --ways registered,resident --no-torch \
+      >"$out/shuffle-16g-file-registered-resident.log" 2>&1
+    echo "shuffle 16G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-16g-file-registered-resident.log"
+    timeout 60 .gpu/run.sh shuffle --size 8G --ways registered --no-torch --no-python \
+      >"$out/shuffle-8g-file-registered.log" 2>&1
+    echo "shuffle 8G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-8g-file-registered.log"
+    ;;
+  pieces)
+    # 64 MiB pieces queued back to back over one 16 GiB file: the bench's spans rows beside
+    # auto and one-shot, then read_into from Python; Python's batches first pass; rows.
+    f=/tmp/file16g.bin
+    [ -f $f ] || python3 -c "
+import numpy as np
+b = np.random.default_rng(1).integers(0, 256, 64 << 20, dtype=np.uint8)
+with open('$f', 'wb') as f:
+    for k in range(256):
+        f.write(b.tobytes()); b += 1
+"
+    timeout 200 .gpu/run.sh bench $f --budget 4G --only auto,one-shot --strategy auto/spans=64M \
+      --strategy auto/spans=1G --no-cold >"$out/bench-16g-file-4g-budget-64m-pieces-queued.log" 2>&1
+    echo "pieces bench rc=$?"
+    grep -E "GB/s|line rate|PASS|MISS" "$out/bench-16g-file-4g-budget-64m-pieces-queued.log" | grep -v "rep " | head -20
+    python_env || { echo "no wheel"; continue; }
+    timeout 150 python3 bench/python_pieces.py $f --passes 5 >"$out/python-16g-file-64m-pieces-read-into.log" 2>&1
+    echo "python pieces rc=$?"; grep -vE " pass [0-9]" "$out/python-16g-file-64m-pieces-read-into.log" | tail -6
+    timeout 150 python3 python/examples/file_batches.py /tmp/file-batches-4g.bin --passes 3 \
+      >"$out/python-file-batches-first-pass.log" 2>&1
+    echo "file_batches rc=$?"; tail -6 "$out/python-file-batches-first-pass.log"
+    timeout 100 python3 python/examples/rows.py --rows 32 --row-mib 80 >"$out/python-rows-80m-read-into-from-host.log" 2>&1
+    echo "rows.py rc=$?"; tail -7 "$out/python-rows-80m-read-into-from-host.log"
     ;;
   *) echo "unknown stage $stage" ;;
   esac

@@ -92,7 +92,9 @@ def main():
             c0, t0 = cpu_now(), time.perf_counter()
             acc = torch.zeros((), dtype=torch.int64, device=dev)
             samples, off, b = [], 0, None
+            segments0 = torch.cuda.memory_stats(dev).get("segment.all.allocated", 0)
             it = wirespeed.batches(args.path, batch, device=args.device, depth=args.depth, budget=budget, span=span)
+            made = time.perf_counter() - t0
             for k, b in enumerate(it):
                 acc += b.sum(dtype=torch.int64)
                 if k % sample_every == 0:
@@ -101,6 +103,7 @@ def main():
             del b
             torch.cuda.synchronize()
             dt, cpu = time.perf_counter() - t0, cpu_now() - c0
+            segments = torch.cuda.memory_stats(dev).get("segment.all.allocated", 0) - segments0
             verdict = check("batches", int(acc.item()), samples)
             reports = it.reports
             strategies = sorted({r.strategy for r in reports})
@@ -109,7 +112,9 @@ def main():
                   f"{verdict if off == size else 'SHORT'}  [{len(reports)} transfers of "
                   f"{'/'.join(str(n >> 20) for n in sorted({n for _, n in it.spans}))} MiB, "
                   f"{sum(r.registrations for r in reports)} registrations, "
-                  f"{sum(r.chained for r in reports)} chained to the one before, {'; '.join(strategies)}]")
+                  f"{sum(r.chained for r in reports)} chained to the one before, {'; '.join(strategies)}; "
+                  f"making the iterator {made * 1e3:.1f} ms, then {size / (dt - made) / 1e9:.2f} GB/s; "
+                  f"{segments} device segments allocated by torch]")
             ok &= off == size
             if rep > 0 or args.passes == 1:
                 best[span_mib] = max(best.get(span_mib, 0.0), gbps)
