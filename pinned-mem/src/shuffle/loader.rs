@@ -264,6 +264,29 @@ impl Loader {
     /// whole slot of the pool (its strategy, rate and breakdown), and how
     /// many of the transfers so far ran chained to the one before, of how
     /// many.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer};
+    /// use wirespeed_pinned::{Loader, LoaderConfig, MappedFile, Records, Way};
+    /// # let path = std::env::temp_dir().join(format!("loader-doc-pool-{}.bin", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 256 * 4])?; // 256 records of 4 bytes
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let dev = Device::get(0)?;
+    /// // Blocks of 16 records, a pool of two halves of 4 blocks.
+    /// let config = LoaderConfig::new(16).way(Way::Pool).block_bytes(64).device_budget(2 * 4 * 64 + 32);
+    /// let mut loader = Loader::new(&dev, &[Records::new(&file, 0, 4)?], config)?;
+    /// let mut batch = DeviceBuffer::<u8>::new(&dev, 16 * 4)?;
+    /// while loader.next_into(&mut [batch.slice_mut(..)?])?.is_some() {}
+    /// let (last, chained, transfers) = loader.pool_report().expect("a pool");
+    /// assert_eq!(last.bytes, 64); // a whole block
+    /// assert!(chained <= transfers);
+    /// let waited = loader.pool_waited_seconds().expect("a pool");
+    /// assert!(waited >= 0.0);
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
     pub fn pool_report(&self) -> Option<(&crate::streamer::Report, u64, u64)> {
         match &self.store {
             Store::Pool(p) => p.last.as_ref().map(|r| (r, p.chained, p.transfers)),
@@ -273,7 +296,9 @@ impl Loader {
 
     /// With [`Way::Pool`]: the seconds batches have waited on the host, so
     /// far, for the pool's blocks to land (the rest of an epoch's time is
-    /// the batches' own).
+    /// the batches' own). Where it is most of an epoch, the streaming bounds
+    /// the loader; where it is little, the batches' own work does. See
+    /// [`Loader::pool_report`] for an example.
     pub fn pool_waited_seconds(&self) -> Option<f64> {
         match &self.store {
             Store::Pool(p) => Some(p.waited),
