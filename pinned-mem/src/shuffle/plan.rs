@@ -77,7 +77,7 @@ pub(crate) struct PoolShape {
 /// handed out in a random order of their own. Group `g + 2` streams into the
 /// half of group `g` once every batch that reads group `g` was gathered, while
 /// the batches of group `g + 1` are handed out.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct PoolOrder {
     cut: Sharding,
     shape: PoolShape,
@@ -92,15 +92,9 @@ pub(crate) struct PoolOrder {
     tables: Tables,
 }
 
-/// [`PoolOrder`]'s tables (a clone starts without any).
+/// [`PoolOrder`]'s tables.
 #[derive(Default)]
 struct Tables(Mutex<[Option<GroupTable>; 2]>);
-
-impl Clone for Tables {
-    fn clone(&self) -> Self {
-        Tables::default()
-    }
-}
 
 impl std::fmt::Debug for Tables {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
