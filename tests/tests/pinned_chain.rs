@@ -2,8 +2,9 @@
 //! go on from one transfer to the next with no drain between them (also
 //! over gaps between the ranges), each transfer still gets its own data,
 //! event and report, a transfer whose `after` has not completed joins and
-//! waits for it on the device, and a transfer that cannot join (another
-//! file, a range behind the last one) runs in the next pass as it would
+//! waits for it on the device, a transfer whose range lies before the
+//! others' joins too, and a transfer that cannot join (another file, a
+//! range that overlaps one of the pass's) runs in the next pass as it would
 //! have. `Auto` plans the pass for the queued total, not piece by piece. A
 //! pass that fails fails the transfers it wrote to, and those it had not
 //! touched run on their own.
@@ -129,6 +130,45 @@ fn queued_transfers_run_as_one_pass_each_with_its_own_report() {
     t.assert_clean();
 }
 
+/// Ranges queued in no order of the file (a shuffle's blocks) join one
+/// pass, each with its own data; one that overlaps a range of the pass
+/// begins the next pass, and the ranges after it join that one.
+#[test]
+fn ranges_in_any_order_join_and_an_overlap_begins_the_next_pass() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-any-order");
+    let (file, data) = data_file(&dir, 34, SPANS * SPAN);
+    let dev = Device::get(0).unwrap();
+    t.set_delay_us(20);
+    // Span 2, then 0 and 3 (before and after it), then 2 again (an
+    // overlap: the next pass), then 1 (joins that one).
+    let order = [2usize, 0, 3, 2, 1];
+    for strategy in strategies() {
+        let (s, mut first) = ready(dev, strategy, &file);
+        let mut bufs: Vec<DeviceBuffer<u8>> =
+            (0..order.len()).map(|_| DeviceBuffer::new(&dev, SPAN).unwrap()).collect();
+        let mine = Stream::new(&dev).unwrap();
+        let open = gate(&mine);
+        let transfers: Vec<Transfer<'_>> = bufs
+            .iter_mut()
+            .zip(order)
+            .enumerate()
+            .map(|(i, (b, k))| {
+                let options = if i == 0 { StartOptions::new().after(&mine) } else { StartOptions::new() };
+                s.start_with(&file, span(k), b, options).unwrap()
+            })
+            .collect();
+        open.send(()).unwrap();
+        let chained: Vec<bool> = transfers.into_iter().map(|tr| tr.wait().unwrap().chained).collect();
+        assert_eq!(chained, [false, true, true, false, true], "{strategy}");
+        for (i, (b, k)) in bufs.iter().zip(order).enumerate() {
+            assert!(b.to_vec().unwrap() == data[k * SPAN..(k + 1) * SPAN], "{strategy}: transfer {i}'s data");
+        }
+        drop((s, bufs, first.pop()));
+    }
+}
+
 #[test]
 fn a_transfer_that_cannot_join_runs_in_the_next_pass() {
     let t = start();
@@ -149,7 +189,7 @@ fn a_transfer_that_cannot_join_runs_in_the_next_pass() {
     let t0 = s.start_with(&f1, span(1), b0, StartOptions::new().after(&mine)).unwrap();
     let t1 = s.start(&f1, span(2), b1).unwrap(); // joins
     let t2 = s.start(&f2, span(0), b2).unwrap(); // another file: the next pass
-    let t3 = s.start(&f1, span(0), b3).unwrap(); // behind the last range: the next pass
+    let t3 = s.start(&f1, span(0), b3).unwrap(); // after another file's: the next pass
     // Not completed: it joins t3's pass and waits for `later` on the device,
     // once t3's copies are all enqueued (so that they do not wait for it).
     let t4 = s.start_with(&f1, span(1), b4, StartOptions::new().after(&later)).unwrap();

@@ -17,10 +17,11 @@
 //! one, stream through windows and the ring together when their total does
 //! not.
 //!
-//! A queued transfer joins the running pass when it reads the same mapping
-//! at or after the end of the one before (gaps between them are fine, each
-//! has its own destination) and no earlier writer still holds its
-//! destination. What it must follow (`StartOptions::after`) does not end the
+//! A queued transfer joins the running pass when it reads the same mapping,
+//! shares no byte with the ranges the pass has taken (it may lie before
+//! them or after, with gaps: each has its own destination, and the sink
+//! finds a piece's transfer by its file offset), and no earlier writer still
+//! holds its destination. What it must follow (`StartOptions::after`) does not end the
 //! chain: when that has completed there is nothing to wait for; otherwise
 //! its range waits behind a [`Gate`] until every copy of the transfers before
 //! it is enqueued, and then the streamer's stream waits for it on the device
@@ -48,6 +49,7 @@ use super::queue::JobQueue;
 use super::report::{Breakdown, Report, WindowContext};
 use super::shared::Shared;
 use super::sink::{Sink, Slicer};
+use super::spans::Spans;
 use super::stats::PassStats;
 use super::stream_set::StreamSet;
 use super::transfer::{Job, TransferState};
@@ -124,6 +126,28 @@ impl Drop for Segment {
     }
 }
 
+/// The transfers of a pass, in the order it took them, and the index of
+/// each by its range.
+#[derive(Default)]
+struct Segments {
+    list: Vec<Segment>,
+    by_range: Spans<usize>,
+}
+
+impl Segments {
+    /// Adds `seg`, whose range the caller made sure overlaps none here
+    /// (else its pieces would find no transfer, and fail the pass).
+    fn push(&mut self, seg: Segment) {
+        self.by_range.insert(seg.range.clone(), self.list.len());
+        self.list.push(seg);
+    }
+
+    /// The index of the transfer whose range holds `off`.
+    fn find(&self, off: u64) -> Option<usize> {
+        self.by_range.find(off).copied()
+    }
+}
+
 /// What the pass and its sink share: the transfers taken so far, and where
 /// more come from.
 pub(super) struct Chain<'q> {
@@ -132,7 +156,7 @@ pub(super) struct Chain<'q> {
     /// The streamer's streams (a gated transfer's wait goes on its own).
     streams: &'q [Stream],
     budget: &'q crate::PinBudget,
-    segments: Mutex<Vec<Segment>>,
+    segments: Mutex<Segments>,
     /// The job taken from the queue that could not join: it runs next.
     leftover: Mutex<Option<Job>>,
     /// The pass's strategy, window context and counters, once it began.
@@ -145,23 +169,22 @@ impl Chain<'_> {
         self.pass.get().map_or((0, Breakdown::default()), |(_, _, s)| (s.registrations(), s.snapshot()))
     }
 
-    /// Whether `job` can join the pass after a range ending at `end` now.
-    fn joins(&self, job: &Job, end: u64) -> bool {
-        Arc::ptr_eq(&job.file, &self.file)
-            && job.range.start >= end
-            && job.range.start < job.range.end
-            && job.dst.is_settled()
+    /// Whether `job` can join the pass now (its range sharing no byte with
+    /// the pass's is checked as it is added).
+    fn joins(&self, job: &Job) -> bool {
+        Arc::ptr_eq(&job.file, &self.file) && job.range.start < job.range.end && job.dst.is_settled()
     }
 }
 
 impl Feed for Chain<'_> {
-    fn next_range(&self, end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+    fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
         let mut leftover = lock(&self.leftover);
         if leftover.is_some() {
             return None;
         }
         let job = lock(self.queue).try_next()?;
-        if !self.joins(&job, end) {
+        let mut segments = lock(&self.segments);
+        if !self.joins(&job) || segments.by_range.overlaps(&job.range) {
             *leftover = Some(job);
             return None;
         }
@@ -174,9 +197,8 @@ impl Feed for Chain<'_> {
         }
         seg.gate = seg.after.is_some().then(|| Arc::new(Gate::default()));
         let gate = seg.gate.clone();
-        let mut segments = lock(&self.segments);
         segments.push(seg);
-        open_ready(&mut segments, self.streams);
+        open_ready(&mut segments.list, self.streams);
         Some((range, gate))
     }
 }
@@ -222,25 +244,19 @@ pub(super) struct ChainSink<'c, 'q> {
     chain: &'c Chain<'q>,
 }
 
-/// The transfer whose range holds `off` (ranges are in order, apart).
-fn find(segments: &[Segment], off: u64) -> Option<usize> {
-    let i = segments.partition_point(|s| s.range.end <= off);
-    segments.get(i).filter(|s| s.range.start <= off).map(|_| i)
-}
-
 impl Sink for ChainSink<'_, '_> {
     type Msg = Landed;
     const SILENT: bool = false;
 
     fn streams_for(&self, off: u64, _len: u64) -> StreamSet {
         let segments = lock(&self.chain.segments);
-        find(&segments, off).map_or(StreamSet::EMPTY, |i| StreamSet::one(segments[i].stream))
+        segments.find(off).and_then(|i| segments.list.get(i)).map_or(StreamSet::EMPTY, |s| StreamSet::one(s.stream))
     }
 
     fn put(&mut self, streams: &[Stream], src: &dyn Slicer, off: u64, len: usize, out: &mut Vec<Landed>) -> Result<()> {
         let mut segments = lock(&self.chain.segments);
-        let index = find(&segments, off).ok_or_else(|| Error::invalid("chain", format!("no transfer holds {off}")))?;
-        let seg = &mut segments[index];
+        let index = segments.find(off).ok_or_else(|| Error::invalid("chain", format!("no transfer holds {off}")))?;
+        let seg = segments.list.get_mut(index).ok_or_else(|| Error::invalid("chain", "no such transfer"))?;
         if off + len as u64 > seg.range.end {
             return Err(Error::invalid("chain", "a piece crosses the end of its transfer"));
         }
@@ -261,7 +277,7 @@ impl Sink for ChainSink<'_, '_> {
             stream.record(&event)?;
             seg.dst = None; // released: its owner now knows every copy
             out.push(Landed { index, event });
-            open_ready(&mut segments, self.chain.streams);
+            open_ready(&mut segments.list, self.chain.streams);
         }
         Ok(())
     }
@@ -283,7 +299,7 @@ pub(super) fn chain_len(shared: &Shared, job: &Job, queue: &Mutex<JobQueue>) -> 
         return None;
     }
     let len = job.range.end - job.range.start;
-    let total = || len.saturating_add(lock(queue).queued_run(&job.file, job.range.end));
+    let total = || len.saturating_add(lock(queue).queued_run(&job.file, &job.range));
     shared.chain_plan(&job.file, &job.range, total)
 }
 
@@ -298,7 +314,7 @@ pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<JobQueue>, plan
         queue,
         streams: &shared.streams,
         budget: &shared.config.budget,
-        segments: Mutex::new(Vec::new()),
+        segments: Mutex::new(Segments::default()),
         leftover: Mutex::new(None),
         pass: OnceLock::new(),
     };
@@ -308,7 +324,7 @@ pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<JobQueue>, plan
     let res = chain_pass(shared, &chain, range, after.as_ref(), plan_len);
     drop(after);
 
-    let mut segments = std::mem::take(&mut *lock(&chain.segments));
+    let mut segments = std::mem::take(&mut lock(&chain.segments).list);
     let mut next = Vec::new();
     let mut err = res.err();
     for seg in &mut segments {
@@ -353,7 +369,7 @@ fn chain_pass(
     plan_len: u64,
 ) -> Result<()> {
     let (_owner, mut st) = shared.enter("Streamer::start")?;
-    let stream = lock(&chain.segments).first().map(|s| s.stream).unwrap_or(0);
+    let stream = lock(&chain.segments).list.first().map(|s| s.stream).unwrap_or(0);
     if let Some(ev) = after {
         shared.streams.get(stream).ok_or_else(|| Error::invalid("chain", "no stream"))?.wait_event(ev)?;
     }
@@ -366,7 +382,7 @@ fn chain_pass(
         };
         let (registrations, stats) = chain.counts();
         let mut segments = lock(&chain.segments);
-        let seg = segments.get_mut(index).ok_or_else(|| Error::invalid("chain", "no such transfer"))?;
+        let seg = segments.list.get_mut(index).ok_or_else(|| Error::invalid("chain", "no such transfer"))?;
         let report = Report {
             strategy,
             bytes: seg.range.end - seg.range.start,

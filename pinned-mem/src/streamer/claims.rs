@@ -14,10 +14,10 @@ use crate::strategy::Strategy;
 /// Where a running pass gets more ranges to stream (the transfers queued
 /// behind the first one: `chain.rs`).
 pub(super) trait Feed: Sync {
-    /// The next range of the pass, starting at or after `end` (the end of
-    /// the last one), and the gate it waits behind, if any; `None` when
-    /// there is none now (the pass then takes no more).
-    fn next_range(&self, end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)>;
+    /// The next range of the pass (it shares no byte with the pass's other
+    /// ranges, but may lie before them), and the gate it waits behind, if
+    /// any; `None` when there is none now (the pass then takes no more).
+    fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)>;
 }
 
 /// Whether passes of `strategy` take ranges added while they run: those
@@ -83,22 +83,26 @@ pub(super) enum Claim {
 /// reads stay aligned.
 ///
 /// A pass streams one range, or several, one after the other (a chained
-/// pass: [`Feed`]). Each range is claimed from both ends like a lone one,
-/// but for what the front leaves (`front_leaving`): the last bytes of the
-/// pass, not of each range. Each claimer moves to the next range once
-/// nothing is left in its own, and a claimer that reaches the last range, or
-/// a front nearer than it leaves to the pass's known end, asks the feed for
-/// another. Once the feed has
-/// none, it is asked no more: a range arriving later waits for the next pass
-/// (a range is never added once the claimers that would take its end have
-/// stopped).
+/// pass: [`Feed`]). Both claimers start in the first range, from its two
+/// ends. Once a claimer has nothing left in its range it moves to the next
+/// range that neither is in, asking the feed for one after the last; only
+/// when there is none does it join the other's range, from its own end. So
+/// in a pass of many ranges each claimer streams whole ranges of its own
+/// (a window agent registers a whole small range at once, rather than what
+/// the ring left of it), and they meet in the pass's last range. The front
+/// claims none of the pass's last `leave` bytes (`front_leaving`). Once the
+/// feed has had nothing, it is asked no more: a range arriving later waits
+/// for the next pass (a range is never added once the claimers that would
+/// take it have stopped).
 pub(super) struct Claims<'f> {
     cursor: Mutex<Cursors>,
     feed: Option<&'f dyn Feed>,
 }
 
 struct Cursors {
-    /// The unclaimed part of each range of the pass, in order.
+    /// The unclaimed part of each range of the pass, in the order they came.
+    /// Every part before the later of the two cursors is empty, but for the
+    /// one the other cursor is at.
     parts: Vec<Range<u64>>,
     /// The gate of each range, if any.
     gates: Vec<Option<Arc<Gate>>>,
@@ -107,42 +111,58 @@ struct Cursors {
     back: usize,
     /// The feed has had nothing once: no range is added any more.
     closed: bool,
-    /// Where the last range of the pass ends (its part's end moves back as
-    /// the back claims it, so the part cannot tell).
-    end: u64,
 }
 
 /// Which claimer's cursor.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
     Front,
     Back,
 }
 
 impl Cursors {
-    /// Moves `side`'s cursor to the next range (asking the feed for one
-    /// when it is on the last); false when there is none.
+    /// Whether part `i` has bytes left.
+    fn has(&self, i: usize) -> bool {
+        self.parts.get(i).is_some_and(|p| p.start < p.end)
+    }
+
+    /// Moves `side`'s cursor on, its own part being empty: to the first
+    /// part with bytes left after both cursors (asking the feed for one
+    /// after the last), else to the other's part; false when neither has
+    /// bytes left.
     fn advance(&mut self, side: Side, feed: Option<&dyn Feed>) -> bool {
-        let at = match side {
-            Side::Front => self.front,
-            Side::Back => self.back,
+        let other = match side {
+            Side::Front => self.back,
+            Side::Back => self.front,
         };
-        if at + 1 >= self.parts.len() && !self.more(feed) {
-            return false;
-        }
+        let mut i = self.front.max(self.back) + 1;
+        let to = loop {
+            if self.has(i) {
+                break i;
+            }
+            if i + 1 < self.parts.len() {
+                i += 1;
+            } else if self.more(feed) {
+                i = self.parts.len() - 1;
+            } else if self.has(other) {
+                break other;
+            } else {
+                return false;
+            }
+        };
         match side {
-            Side::Front => self.front += 1,
-            Side::Back => self.back += 1,
+            Side::Front => self.front = to,
+            Side::Back => self.back = to,
         }
         true
     }
 
-    /// The unclaimed bytes of the front's range and the ranges after it,
+    /// The unclaimed bytes of the pass from the earlier cursor's part on,
     /// counted up to `enough`: while fewer, the feed is asked for more.
-    /// (The ranges before the back's are empty, so this is what is left.)
-    fn left_from_front(&mut self, enough: u64, feed: Option<&dyn Feed>) -> u64 {
+    /// (The parts before it are empty, so this is what is left.)
+    fn left(&mut self, enough: u64, feed: Option<&dyn Feed>) -> u64 {
         let mut n = 0u64;
-        let mut i = self.front;
+        let mut i = self.front.min(self.back);
         loop {
             while let Some(p) = self.parts.get(i) {
                 n = n.saturating_add(p.end.saturating_sub(p.start));
@@ -162,9 +182,8 @@ impl Cursors {
         if self.closed {
             return false;
         }
-        match feed.and_then(|f| f.next_range(self.end)) {
-            Some((r, gate)) if r.start >= self.end && r.start < r.end => {
-                self.end = r.end;
+        match feed.and_then(|f| f.next_range()) {
+            Some((r, gate)) if r.start < r.end => {
                 self.parts.push(r);
                 self.gates.push(gate);
                 true
@@ -180,8 +199,8 @@ impl Cursors {
 impl<'f> Claims<'f> {
     /// The claims of a pass over `range`, and of the ranges `feed` adds.
     pub(super) fn new(range: Range<u64>, feed: Option<&'f dyn Feed>) -> Claims<'f> {
-        let (end, closed) = (range.end, feed.is_none());
-        let cursors = Cursors { parts: vec![range], gates: vec![None], front: 0, back: 0, closed, end };
+        let closed = feed.is_none();
+        let cursors = Cursors { parts: vec![range], gates: vec![None], front: 0, back: 0, closed };
         Claims { cursor: Mutex::new(cursors), feed }
     }
 
@@ -194,10 +213,10 @@ impl<'f> Claims<'f> {
     }
 
     /// As [`Claims::front`], but none once fewer than `leave` bytes are left
-    /// in the pass: in this range and the ones after it, those the feed adds
-    /// included (it is asked for more before the front gives up). A pass of
-    /// many small ranges (a shuffle's blocks, queued pieces) is claimed from
-    /// the front all along but for its last `leave` bytes.
+    /// in the pass (those the feed adds included: it is asked for more
+    /// before the front gives up). A pass of many small ranges (a shuffle's
+    /// blocks, queued pieces) is claimed from the front all along but for
+    /// its last `leave` bytes.
     pub(super) fn front_leaving(&self, size: u64, leave: u64, stop: &dyn Fn() -> bool) -> Option<Range<u64>> {
         waiting(stop, || self.try_front(size, leave))
     }
@@ -214,9 +233,10 @@ impl<'f> Claims<'f> {
         let mut g = lock(&self.cursor);
         let c = &mut *g;
         loop {
-            let here = c.parts.get(c.front).map(|p| p.end.saturating_sub(p.start));
-            let Some(here) = here else { return Claim::Done };
-            if here > 0 && c.left_from_front(leave, self.feed) >= leave {
+            if c.has(c.front) {
+                if c.left(leave, self.feed) < leave {
+                    return Claim::Done;
+                }
                 if let Some(gate) = closed(&c.gates, c.front) {
                     return Claim::Wait(gate);
                 }
@@ -237,11 +257,18 @@ impl<'f> Claims<'f> {
         let mut g = lock(&self.cursor);
         let c = &mut *g;
         loop {
-            let Some(p) = c.parts.get_mut(c.back) else { return Claim::Done };
-            if p.start < p.end {
+            if c.has(c.back) {
                 if let Some(gate) = closed(&c.gates, c.back) {
+                    // The front's part, before this one, may have to be
+                    // streamed first (its copies open this gate), and the
+                    // front may have stopped short of its end: help there.
+                    if c.front < c.back && c.has(c.front) {
+                        c.back = c.front;
+                        continue;
+                    }
                     return Claim::Wait(gate);
                 }
+                let Some(p) = c.parts.get_mut(c.back) else { return Claim::Done };
                 let start = ((p.end - 1) / size * size).max(p.start);
                 let r = start..p.end;
                 p.end = start;
@@ -315,7 +342,7 @@ mod tests {
     struct Ranges(Mutex<Vec<Range<u64>>>, AtomicU64);
 
     impl Feed for Ranges {
-        fn next_range(&self, _end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+        fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
             self.1.fetch_add(1, Ordering::Relaxed);
             let mut v = lock(&self.0);
             if v.is_empty() { None } else { Some((v.remove(0), None)) }
@@ -323,31 +350,39 @@ mod tests {
     }
 
     #[test]
-    fn a_fed_pass_claims_each_range_from_both_ends_in_turn() {
-        let feed = Ranges(Mutex::new(vec![1000..2000, 2500..3000]), AtomicU64::new(0));
+    fn a_fed_pass_gives_each_claimer_ranges_of_its_own_and_they_meet_in_the_last() {
+        let feed = Ranges(Mutex::new(vec![1000..2000, 2500..3000, 5000..5400]), AtomicU64::new(0));
         let c = Claims::new(0..1000, Some(&feed));
+        // Both start in the first range, from its two ends.
         assert_eq!(c.front_leaving(300, 400, &GO), Some(0..300));
         assert_eq!(c.back(100, &GO), Some(900..1000));
         assert_eq!(c.front_leaving(300, 400, &GO), Some(300..600));
-        // 300 left here, fewer than it leaves, but the pass goes on: the
-        // feed is asked, and the front takes the rest of this range.
+        assert_eq!(feed.1.load(Ordering::Relaxed), 0, "600 bytes left: the feed was not asked yet");
         assert_eq!(c.front_leaving(300, 400, &GO), Some(600..900));
-        assert_eq!(feed.1.load(Ordering::Relaxed), 1);
-        assert_eq!(c.back(100, &GO), Some(1900..2000), "the back takes the next one's end");
-        assert_eq!(c.front_leaving(300, 500, &GO), Some(1000..1200));
-        assert_eq!(c.back(250, &GO), Some(1750..1900));
+        assert_eq!(feed.1.load(Ordering::Relaxed), 1, "300 left, fewer than the front leaves: it was");
+        // The first range is claimed: the back moves to the next one, and
+        // the front to the one after it, whole ranges each.
+        assert_eq!(c.back(250, &GO), Some(1750..2000));
+        assert_eq!(c.front_leaving(300, 400, &GO), Some(2500..2700));
         assert_eq!(c.back(250, &GO), Some(1500..1750));
-        // 300 left in this range and 500 after it: the front claims on.
-        assert_eq!(c.front_leaving(300, 500, &GO), Some(1200..1500));
-        // The last range alone is left: fewer than 501 bytes, the front stops.
-        assert_eq!(c.front_leaving(300, 501, &GO), None);
-        assert_eq!(c.front(1000, &GO), Some(2500..3000), "plain claims still take it");
-        assert_eq!(c.back(100, &GO), None);
+        assert_eq!(c.front_leaving(300, 400, &GO), Some(2700..3000));
+        // The front's range is done: it moves past the back's, to the last.
+        assert_eq!(c.front_leaving(300, 400, &GO), Some(5000..5100));
+        assert_eq!(c.back(250, &GO), Some(1250..1500));
+        assert_eq!(c.back(250, &GO), Some(1000..1250));
+        // The back's range is done and none is after both: it joins the
+        // front's, from its end.
+        assert_eq!(c.back(250, &GO), Some(5250..5400));
+        // 150 left in the pass, fewer than the front leaves.
+        assert_eq!(c.front_leaving(300, 400, &GO), None);
+        assert_eq!(c.back(250, &GO), Some(5100..5250));
+        assert_eq!(c.back(250, &GO), None);
         assert_eq!(c.front(1000, &GO), None);
         // The feed had nothing once: it is not asked again.
         let asked = feed.1.load(Ordering::Relaxed);
-        lock(&feed.0).push(4000..5000);
+        lock(&feed.0).push(8000..9000);
         assert_eq!(c.back(100, &GO), None);
+        assert_eq!(c.front(100, &GO), None);
         assert_eq!(feed.1.load(Ordering::Relaxed), asked);
     }
 
@@ -372,45 +407,54 @@ mod tests {
         while let Some(r) = c.back(1000, &GO) {
             back.push(r);
         }
-        assert_eq!(back, [8000..8100, 9000..9100]);
+        assert_eq!(back, [9000..9100, 8000..8100], "the last after both, then the front's");
     }
 
-    /// A feed that answers one range, whatever it is asked, noting the end
-    /// it was asked for.
-    struct Once(Mutex<Option<Range<u64>>>, Mutex<Vec<u64>>);
-
-    impl Feed for Once {
-        fn next_range(&self, end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
-            lock(&self.1).push(end);
-            let next = lock(&self.0).take()?;
-            (next.start >= end).then_some((next, None))
-        }
-    }
-
-    /// The feed is asked for a range after the end of the last range, not
-    /// after the part of it the back has not claimed yet: a queued transfer
-    /// overlapping the end of the one before once joined the pass, and its
-    /// pieces went to the earlier transfer's destination ("a piece crosses
-    /// the end of its transfer", found by the randomized test).
+    /// A chained pass takes a range that lies before the ones it has (a
+    /// shuffle's next group of blocks): it once took ranges in file order
+    /// only, and each group of a shuffle pool streamed as a pass of its own.
     #[test]
-    fn the_feed_is_asked_after_the_last_range_not_after_its_unclaimed_part() {
-        let feed = Once(Mutex::new(Some(700..2000)), Mutex::new(Vec::new()));
-        let c = Claims::new(0..1000, Some(&feed));
-        assert_eq!(c.back(300, &GO), Some(900..1000));
-        assert_eq!(c.back(300, &GO), Some(600..900));
-        assert_eq!(c.front(1000, &GO), Some(0..600));
-        assert_eq!(c.front(1000, &GO), None, "700..2000 overlaps 0..1000: it does not join");
-        assert_eq!(*lock(&feed.1), [1000]);
-        assert_eq!(c.back(300, &GO), None);
-    }
-
-    #[test]
-    fn a_range_behind_the_last_one_is_not_taken() {
-        let feed = Ranges(Mutex::new(std::iter::once(0..10).collect()), AtomicU64::new(0));
+    fn a_range_before_the_last_one_is_taken() {
+        let feed = Ranges(Mutex::new(vec![0..10, 50..60]), AtomicU64::new(0));
         let c = Claims::new(100..200, Some(&feed));
         assert_eq!(c.front(1000, &GO), Some(100..200));
+        assert_eq!(c.front(1000, &GO), Some(0..10));
+        assert_eq!(c.back(1000, &GO), Some(50..60));
         assert_eq!(c.front(1000, &GO), None);
         assert_eq!(c.back(1000, &GO), None);
+    }
+
+    /// Every byte of every range is claimed once, whichever claimer asks.
+    #[test]
+    fn fed_claims_cover_every_range_once() {
+        let ranges: Vec<Range<u64>> =
+            (0..40u64).map(|i| (i * 7919) % 64 * 5000 + 3..(i * 7919) % 64 * 5000 + 4000 + i).collect();
+        let feed = Ranges(Mutex::new(ranges[1..].to_vec()), AtomicU64::new(0));
+        let c = Claims::new(ranges[0].clone(), Some(&feed));
+        let mut got = Vec::new();
+        for k in 0u64.. {
+            let r = match k % 5 {
+                0 | 3 => c.front_leaving(1024, 3000, &GO).or_else(|| c.back(512, &GO)),
+                _ => c.back(512, &GO),
+            };
+            match r {
+                Some(r) => got.push(r),
+                None => break,
+            }
+        }
+        let mut want = ranges.clone();
+        want.sort_by_key(|r| r.start);
+        got.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<u64>> = Vec::new();
+        for r in got {
+            match merged.last_mut() {
+                Some(m) if m.end == r.start && want.iter().any(|w| w.start <= m.start && r.end <= w.end) => {
+                    m.end = r.end
+                }
+                _ => merged.push(r),
+            }
+        }
+        assert_eq!(merged, want);
     }
 
     #[test]
@@ -438,7 +482,7 @@ mod tests {
     struct Gated(Mutex<Option<Range<u64>>>, Arc<Gate>);
 
     impl Feed for Gated {
-        fn next_range(&self, _end: u64) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+        fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
             lock(&self.0).take().map(|r| (r, Some(self.1.clone())))
         }
     }

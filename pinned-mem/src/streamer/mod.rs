@@ -49,7 +49,8 @@
 //! * `lanes.rs`: the ring agents' own streams ([`CopyStreams`]);
 //! * `ctx.rs`: what the agents of a transfer share (`Ctx`), `claims.rs`: the
 //!   parts of the range they claim (`Claims`), `sink.rs`: where the pieces
-//!   go (destinations, a scratch buffer, chunks), `stream_set.rs`;
+//!   go (destinations, a scratch buffer, chunks), `stream_set.rs`,
+//!   `spans.rs`: ranges that share no byte, found by offset (`Spans`);
 //! * `cache.rs`: what the streamer keeps between calls (registrations, ring),
 //!   `checks.rs`: the checks of a transfer's arguments;
 //! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`]
@@ -79,6 +80,7 @@ mod report;
 mod run;
 mod shared;
 mod sink;
+mod spans;
 mod stats;
 mod stream_set;
 mod transfer;
@@ -451,8 +453,8 @@ impl Streamer {
     /// ([`Streamer::to_device`], ...) run on the calling thread in between.
     /// Transfers queued back to back run as one pass when they can: once the
     /// running transfer is claimed, its agents go on with the next one (same
-    /// file, a range at or after the last one's end, gaps between them
-    /// allowed) with no drain between them, when the strategy streams through
+    /// file, a range that shares no byte with the pass's others, in any
+    /// order, gaps allowed) with no drain between them, when the strategy streams through
     /// windows or the ring, without [`StreamConfig::verify`], a progress
     /// callback or [`CopyStreams`] other than `One`. `Auto` plans such a pass
     /// for the transfers queued when it starts taken together, as it would
@@ -553,8 +555,9 @@ impl Streamer {
 
     /// Starts moving several ranges of `file`, each into its own destination
     /// (as [`Streamer::start`] each), queued together: the worker sees them all
-    /// at once, so that ranges in ascending order (gaps allowed) run as one
-    /// pass, planned as `Auto` plans one range of their total. Started one by
+    /// at once, so that ranges that share no byte (in any order, gaps
+    /// allowed) run as one pass, planned as `Auto` plans one range of their
+    /// total. Started one by
     /// one, the first of many pieces may be taken up, and planned, alone.
     ///
     /// ```

@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 
+use super::spans::Spans;
 use super::transfer::Job;
 use crate::mapping::MappedFile;
 
@@ -49,32 +50,33 @@ impl JobQueue {
         }
     }
 
-    /// Bytes of the jobs queued now that a chained pass reading `file` from
-    /// a range ending at `end` could take, one after the other: each of the
-    /// same mapping, not empty, and at or after the end of the one before
+    /// Bytes of the jobs queued now that a chained pass reading `first` of
+    /// `file` could take, one after the other: each of the same mapping, not
+    /// empty, and sharing no byte with `first` or the ones before it
     /// (whatever they must follow: a chained pass waits for that).
-    pub(super) fn queued_run(&mut self, file: &Arc<MappedFile>, end: u64) -> u64 {
+    pub(super) fn queued_run(&mut self, file: &Arc<MappedFile>, first: &Range<u64>) -> u64 {
         while let Ok(jobs) = self.rx.try_recv() {
             self.ahead.extend(jobs);
         }
-        run_bytes(self.ahead.iter().map(|j| (&j.file, &j.range)), file, end)
+        run_bytes(self.ahead.iter().map(|j| (&j.file, &j.range)), file, first)
     }
 }
 
-/// Bytes of the leading ranges of `jobs` (file, range) that follow each
-/// other in `file` from `end` on (see [`JobQueue::queued_run`]).
+/// Bytes of the leading ranges of `jobs` (file, range) of `file` that share
+/// no byte with `first` or each other (see [`JobQueue::queued_run`]).
 fn run_bytes<'a>(
     jobs: impl Iterator<Item = (&'a Arc<MappedFile>, &'a Range<u64>)>,
     file: &Arc<MappedFile>,
-    end: u64,
+    first: &Range<u64>,
 ) -> u64 {
-    let (mut end, mut bytes) = (end, 0u64);
+    let mut taken = Spans::default();
+    taken.insert(first.clone(), ());
+    let mut bytes = 0u64;
     for (f, r) in jobs {
-        if !Arc::ptr_eq(f, file) || r.start < end || r.start >= r.end {
+        if !Arc::ptr_eq(f, file) || !taken.insert(r.clone(), ()) {
             break;
         }
         bytes = bytes.saturating_add(r.end - r.start);
-        end = r.end;
     }
     bytes
 }
@@ -84,17 +86,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_is_the_ascending_ranges_of_one_file() {
+    fn a_run_is_the_disjoint_ranges_of_one_file() {
         let dir = std::env::temp_dir().join(format!("wirespeed-queue-run-{}", std::process::id()));
         std::fs::write(&dir, [0u8; 4096]).unwrap();
         // SAFETY: the test's own file, not written while mapped.
         let (a, b) = unsafe { (MappedFile::open(&dir).unwrap(), MappedFile::open(&dir).unwrap()) };
-        let jobs = [(&a, 100..200), (&a, 300..400), (&a, 400..450), (&a, 10..20), (&a, 500..600)];
-        let run = |jobs: &[(&Arc<MappedFile>, Range<u64>)], end| run_bytes(jobs.iter().map(|(f, r)| (*f, r)), &a, end);
-        assert_eq!(run(&jobs, 100), 250, "gaps are fine; a range behind the last ends the run");
-        assert_eq!(run(&jobs, 150), 0, "the first starts before the end");
-        assert_eq!(run(&[(&b, 100..200)], 0), 0, "another mapping");
-        assert_eq!(run(&[(&a, 100..100), (&a, 200..300)], 0), 0, "an empty range ends the run");
+        let jobs = [(&a, 100..200), (&a, 300..400), (&a, 400..450), (&a, 10..20), (&a, 150..600), (&a, 0..5)];
+        let run =
+            |jobs: &[(&Arc<MappedFile>, Range<u64>)], first| run_bytes(jobs.iter().map(|(f, r)| (*f, r)), &a, first);
+        assert_eq!(run(&jobs, &(50..60)), 260, "gaps and ranges before the others are fine; an overlap ends the run");
+        assert_eq!(run(&jobs, &(50..150)), 0, "the first overlaps the range the pass starts with");
+        assert_eq!(run(&[(&b, 100..200)], &(0..10)), 0, "another mapping");
+        assert_eq!(run(&[(&a, 100..100), (&a, 200..300)], &(0..10)), 0, "an empty range ends the run");
         drop((a, b));
         std::fs::remove_file(&dir).unwrap();
     }
