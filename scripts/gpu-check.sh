@@ -21,6 +21,8 @@
 #             under torchrun (two ranks, one GPU), the ranks' shares checked
 #   pool      the pool and ring ways (32 GiB file), registered and resident (16 GiB), registered (8 GiB)
 #   pieces    64 MiB pieces queued back to back (bench and Python), batches' first pass, 80 MiB rows
+#   poolonly  the pool alone (32 GiB file), from Rust and Python, no torch rows
+#   shapes    shapes of the gather kernel on registered host memory (an experiment; needs nvcc)
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
 #             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
 #             rows through the ring beside PyTorch's, and Python's batches and read_into
@@ -174,6 +176,19 @@ with open('$f', 'wb') as f:
     echo "file_batches rc=$?"; tail -6 "$out/python-file-batches-first-pass.log"
     timeout 100 python3 python/examples/rows.py --rows 32 --row-mib 80 >"$out/python-rows-80m-read-into-from-host.log" 2>&1
     echo "rows.py rc=$?"; tail -7 "$out/python-rows-80m-read-into-from-host.log"
+    ;;
+  poolonly)
+    # The pool alone on a 32 GiB file (no torch rows), from Rust and from Python.
+    python_env || echo "no wheel: the Python row is skipped"
+    timeout 240 .gpu/run.sh shuffle --ways pool --no-torch >"$out/shuffle-32g-file-pool.log" 2>&1
+    echo "pool rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool.log"
+    grep -E "last transfer|ran chained" "$out/shuffle-32g-file-pool.log"
+    ;;
+  shapes)
+    # Shapes of the gather kernel reading registered host memory (bench/experiments/gather_shapes.cu).
+    nvcc -O3 -arch=sm_90 -o /tmp/gather_shapes bench/experiments/gather_shapes.cu &&
+      timeout 120 /tmp/gather_shapes 8 >"$out/gather-kernel-shapes-registered-8g.log" 2>&1
+    echo "shapes rc=$?"; cat "$out/gather-kernel-shapes-registered-8g.log"
     ;;
   *) echo "unknown stage $stage" ;;
   esac
