@@ -54,7 +54,8 @@
 //! windows own an `Arc<MappedFile>` inside the `wirespeed_cuda::HostRegistration`
 //! that owns them, so leaking anything leaks the mapping rather than unmapping
 //! it under a DMA. `unsafe` lives in `mapping.rs` (mmap, munmap, madvise,
-//! mincore, the `HostMemory` impl) and `memlock.rs` (mlock, munlock).
+//! mincore, the `HostMemory` impl), `memlock.rs` (mlock, munlock),
+//! `hint.rs` (a CPU prefetch) and `shuffle/gather.rs` (the kernel's launch).
 //!
 //! One precondition cannot be checked by any code: a shared file mapping's
 //! bytes belong to the file, which any process may write or truncate. So
@@ -90,6 +91,7 @@
 
 mod budget;
 mod error;
+mod hint;
 mod mapping;
 mod memlock;
 mod populate;

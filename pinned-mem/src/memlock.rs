@@ -8,7 +8,7 @@
 //! allows). When `mlock` itself fails with `ENOMEM`/`EPERM`/`EAGAIN` the error is
 //! the same typed [`Error::MemlockLimit`].
 //!
-//! This module and `mapping.rs` hold the crate's `unsafe` code.
+//! This module, `mapping.rs`, `hint.rs` and `shuffle/gather.rs` hold the crate's `unsafe` code.
 
 use std::ops::Range;
 use std::path::Path;

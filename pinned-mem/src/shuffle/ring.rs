@@ -10,6 +10,7 @@ use wirespeed_cuda::{DetachedSliceMut, Device, DeviceSliceMut, Stream};
 use super::config::LoaderConfig;
 use super::records::Records;
 use crate::error::{Error, Result};
+use crate::hint::prefetch;
 use crate::ring::PinnedRing;
 
 /// Bytes of a slot of the ring.
@@ -138,15 +139,29 @@ impl Drop for RingGather {
     }
 }
 
+/// Records ahead of the one being copied whose first bytes are prefetched.
+const AHEAD: usize = 4;
+
 /// Gathers a share's runs, each into a slot of the ring, and enqueues each
-/// slot's copy to its part of the batch on `stream`.
+/// slot's copy to its part of the batch on `stream`. The records a few ahead
+/// are prefetched (their first line, and the first of their next page), so
+/// that the page walks and misses of scattered records overlap the copies.
 fn gather_share(ring: &PinnedRing, share: Share, stream: &Stream) -> Result<()> {
     let a = &share.records;
     let bytes = a.file().as_bytes();
     let rec = a.record_bytes() as usize;
+    let page = crate::util::page_size() as usize;
     for (part, mut dst) in share.runs {
         let full = ring.acquire()?.fill_with(|buf| {
             for (k, &r) in part.iter().enumerate() {
+                if let Some(&ahead) = part.get(k + AHEAD) {
+                    let at = a.range(ahead).start as usize;
+                    prefetch(bytes, at);
+                    let last = at + rec - 1;
+                    if last / page != at / page {
+                        prefetch(bytes, last / page * page);
+                    }
+                }
                 let at = a.range(r).start as usize;
                 buf[k * rec..(k + 1) * rec].copy_from_slice(&bytes[at..at + rec]);
             }
