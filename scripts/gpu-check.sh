@@ -21,7 +21,7 @@
 #             under torchrun (two ranks, one GPU), the ranks' shares checked
 #   pool      the pool and ring ways (32 GiB file), registered and resident (16 GiB), registered (8 GiB)
 #   pieces    64 MiB pieces queued back to back (bench and Python), batches' first pass, 80 MiB rows
-#   poolonly  the pool alone (32 GiB file), from Rust and Python, no torch rows
+#   poolonly  the pool and the ring (32 GiB file), from Rust and Python, no torch rows
 #   shapes    shapes of the gather kernel on registered host memory (an experiment; needs nvcc)
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
 #             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
@@ -178,11 +178,11 @@ with open('$f', 'wb') as f:
     echo "rows.py rc=$?"; tail -7 "$out/python-rows-80m-read-into-from-host.log"
     ;;
   poolonly)
-    # The pool alone on a 32 GiB file (no torch rows), from Rust and from Python.
+    # The pool and the ring (8 threads) on a 32 GiB file (no torch rows), from Rust and from Python.
     python_env || echo "no wheel: the Python row is skipped"
-    timeout 240 .gpu/run.sh shuffle --ways pool --no-torch >"$out/shuffle-32g-file-pool.log" 2>&1
-    echo "pool rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool.log"
-    grep -E "last transfer|ran chained" "$out/shuffle-32g-file-pool.log"
+    timeout 240 .gpu/run.sh shuffle --ways pool,ring --no-torch >"$out/shuffle-32g-file-pool-ring.log" 2>&1
+    echo "pool rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-ring.log"
+    grep -E "last transfer|ran chained" "$out/shuffle-32g-file-pool-ring.log"
     ;;
   shapes)
     # Shapes of the gather kernel reading registered host memory (bench/experiments/gather_shapes.cu).
