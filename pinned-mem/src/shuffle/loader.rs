@@ -425,7 +425,13 @@ impl Loader {
         };
         if let (Store::Pool(pool), Order::Pool(order)) = (&mut self.store, &self.order) {
             pool.ensure(&self.streamer, &self.arrays, order, order.batch_groups(b))?;
-            return self.gather_pooled(b, n, dsts, &kernels);
+            let next = (b + 1 < self.len()).then(|| order.batch_groups(b + 1).start);
+            self.gather_pooled(b, n, dsts, &kernels)?;
+            // This batch's gathers are enqueued: the next group may stream.
+            if let (Some(first), Store::Pool(pool), Order::Pool(order)) = (next, &mut self.store, &self.order) {
+                pool.start_ahead(&self.streamer, &self.arrays, order, first)?;
+            }
+            return Ok(());
         }
         let Order::Full(order) = &self.order else {
             return Err(Error::invalid("Loader", "a full-shuffle store with the pool's order"));

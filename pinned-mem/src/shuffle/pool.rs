@@ -107,11 +107,7 @@ impl Pool {
         order: &PoolOrder,
         groups: std::ops::Range<u64>,
     ) -> Result<()> {
-        let until = (groups.start + 2).min(order.groups());
-        while self.next_group < until {
-            self.start(streamer, arrays, order, self.next_group)?;
-            self.next_group += 1;
-        }
+        self.start_ahead(streamer, arrays, order, groups.start)?;
         let t0 = std::time::Instant::now();
         for g in groups {
             while self.landed[(g % 2) as usize] != Some(g) {
@@ -130,6 +126,28 @@ impl Pool {
             }
         }
         self.waited += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Starts the groups up to `first + 1` not started yet, once no batch
+    /// reads anything before group `first` (whose gathers, if any, are
+    /// enqueued): group `first + 1` streams into the half of `first - 1`
+    /// while `first` is read. The loader calls it with the next batch's
+    /// first group as soon as a batch's gathers are enqueued, so that the
+    /// next group is queued while the one before it still streams (and runs
+    /// in its pass), not once a batch that reads both had to wait for it.
+    pub(crate) fn start_ahead(
+        &mut self,
+        streamer: &Streamer,
+        arrays: &[Records],
+        order: &PoolOrder,
+        first: u64,
+    ) -> Result<()> {
+        let until = first.saturating_add(2).min(order.groups());
+        while self.next_group < until {
+            self.start(streamer, arrays, order, self.next_group)?;
+            self.next_group += 1;
+        }
         Ok(())
     }
 
