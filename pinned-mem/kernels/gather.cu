@@ -12,9 +12,10 @@
 //
 // Each warp copies one record at a time (a grid-stride loop over records), in
 // 16-byte chunks aligned in the destination: lane i owns the chunk at
-// align_down(dst_k, 16) + 16 * i, and reads the one aligned 16-byte word of the
-// source where that chunk's bytes start; the bytes after it come from the next
-// lane's word (a shuffle), so every source word is read once. Words that hold
+// align_down(dst_k, 16) + 16 * i (and 512 bytes on each round), and reads the
+// one aligned 16-byte word of the source where that chunk's bytes start; the
+// bytes after it come from the next lane's word (a shuffle), so every source
+// word is read once. Up to 8 rounds' words are loaded before any is stored. Words that hold
 // no byte of the record are not read: an aligned word holding one byte of a
 // record lies in the same page as that byte, so the kernel never touches a page
 // the record does not (registered host memory is registered by whole pages).
@@ -67,22 +68,53 @@ __device__ __forceinline__ void store_within(u64 c, uint4 v, u64 lo, u64 hi) {
     }
 }
 
-// Copies the `rec` bytes at `s` to `d`, with the lanes of one warp.
+// Rounds of a warp (512 bytes each) whose words are loaded before any is stored.
+#define ROUNDS 8
+
+// Copies the `rec` bytes at `s` to `d`, with the lanes of one warp, ROUNDS
+// rounds at a time: every load of those rounds is issued before the first
+// store, so that a warp has up to 4 KiB of reads in flight rather than 512
+// bytes (reads of host memory over the bus take microseconds each).
 __device__ __forceinline__ void copy_record(u64 d, u64 s, u64 rec, unsigned lane) {
     const u64 d_end = d + rec;
     const u64 s_lo = s & ~(u64)15, s_hi = (s + rec + 15) & ~(u64)15; // the words holding the record
     const u64 delta = s - d;                                         // source = destination + delta (mod 2^64)
     const unsigned m = (unsigned)(delta & 15);
-    for (u64 c0 = d & ~(u64)15; c0 < d_end; c0 += 16 * 32) {
-        const u64 c = c0 + 16 * (u64)lane;    // this lane's destination chunk
-        const u64 a = (c + delta) & ~(u64)15; // the aligned source word where its bytes start
-        const uint4 lo = load_within(a, s_lo, s_hi);
-        uint4 hi = shfl_down16(lo);
-        if (lane == 31) hi = load_within(a + 16, s_lo, s_hi);
-        if (c >= d_end) continue;
-        const uint4 v = bytes_at(lo, hi, m);
-        if (c >= d && c + 16 <= d_end) *reinterpret_cast<uint4 *>(c) = v;
-        else store_within(c, v, d, d_end);
+    const unsigned all = 0xffffffffu;
+    for (u64 base = d & ~(u64)15; base < d_end; base += 16 * 32 * ROUNDS) {
+        // The rounds of this stretch that hold bytes of the record (the same for every lane).
+        const u64 left = (d_end - base + 16 * 32 - 1) / (16 * 32);
+        const unsigned rounds = left < ROUNDS ? (unsigned)left : ROUNDS;
+        uint4 w[ROUNDS];
+#pragma unroll
+        for (int r = 0; r < ROUNDS; r++) {
+            const u64 c = base + 16 * 32 * r + 16 * (u64)lane; // this lane's destination chunk
+            w[r] = r < rounds ? load_within((c + delta) & ~(u64)15, s_lo, s_hi) : make_uint4(0, 0, 0, 0);
+        }
+        // The word after the stretch's last one (lane 31's next), if it holds a byte.
+        uint4 after = make_uint4(0, 0, 0, 0);
+        if (lane == 31) after = load_within(((base + 16 * 32 * rounds) + delta) & ~(u64)15, s_lo, s_hi);
+#pragma unroll
+        for (int r = 0; r < ROUNDS; r++) {
+            if (r < rounds) {
+                const u64 c = base + 16 * 32 * r + 16 * (u64)lane;
+                // The next lane's word; lane 31's is lane 0's of the next round.
+                uint4 hi = shfl_down16(w[r]);
+                uint4 next = after;
+                if (r + 1 < ROUNDS) {
+                    const uint4 n0 = w[(r + 1) % ROUNDS];
+                    const uint4 first = make_uint4(__shfl_sync(all, n0.x, 0), __shfl_sync(all, n0.y, 0),
+                                                   __shfl_sync(all, n0.z, 0), __shfl_sync(all, n0.w, 0));
+                    if (r + 1 < (int)rounds) next = first;
+                }
+                if (lane == 31) hi = next;
+                if (c < d_end) {
+                    const uint4 v = bytes_at(w[r], hi, m);
+                    if (c >= d && c + 16 <= d_end) *reinterpret_cast<uint4 *>(c) = v;
+                    else store_within(c, v, d, d_end);
+                }
+            }
+        }
     }
 }
 
