@@ -21,8 +21,10 @@
 #             under torchrun (two ranks, one GPU), the ranks' shares checked
 #   pool      the pool and ring ways (32 GiB file), registered and resident (16 GiB), registered (8 GiB)
 #   pieces    64 MiB pieces queued back to back (bench and Python), batches' first pass, 80 MiB rows
+#   registered  the registered and resident ways (16 GiB file), the registered (8 GiB)
 #   poolonly  the pool and the ring (32 GiB file), from Rust and Python, no torch rows
 #   shapes    shapes of the gather kernel on registered host memory (an experiment; needs nvcc)
+#   cpugather threads gathering random records of a page-cached file, with and without prefetch
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
 #             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
 #             rows through the ring beside PyTorch's, and Python's batches and read_into
@@ -38,6 +40,27 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,p
 summary() { # the pass/fail lines of a suite log
   grep -E "^=== every|^=== FAILED|^failures:|FAILED" "$1" | head -20
   grep -E "^test result" "$1" | awk '{p+=$4; f+=$6; i+=$8} END {print "tests passed", p, "failed", f, "ignored", i}'
+}
+
+file16g() { # a 16 GiB file of random bytes, written once; prints its path
+  local f=/tmp/file16g.bin
+  [ -f $f ] || python3 -c "
+import numpy as np
+b = np.random.default_rng(1).integers(0, 256, 64 << 20, dtype=np.uint8)
+with open('$f', 'wb') as f:
+    for k in range(256):
+        f.write(b.tobytes()); b += 1
+"
+  echo $f
+}
+
+registered_rows() { # the registered and resident ways on a 16 GiB file, the registered on 8 GiB
+  timeout 150 .gpu/run.sh shuffle --size 16G --ways registered,resident --no-torch \
+    >"$out/shuffle-16g-file-registered-resident.log" 2>&1
+  echo "shuffle 16G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-16g-file-registered-resident.log"
+  timeout 60 .gpu/run.sh shuffle --size 8G --ways registered --no-torch --no-python \
+    >"$out/shuffle-8g-file-registered.log" 2>&1
+  echo "shuffle 8G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-8g-file-registered.log"
 }
 
 python_env() { # the packed wheel, installed once
@@ -146,24 +169,16 @@ for stage in "${stages[@]}"; do
       >"$out/shuffle-32g-file-pool-ring.log" 2>&1
     echo "shuffle 32G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-ring.log"
     grep "last transfer" "$out/shuffle-32g-file-pool-ring.log"
-    timeout 150 .gpu/run.sh shuffle --size 16G --ways registered,resident --no-torch \
-      >"$out/shuffle-16g-file-registered-resident.log" 2>&1
-    echo "shuffle 16G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-16g-file-registered-resident.log"
-    timeout 60 .gpu/run.sh shuffle --size 8G --ways registered --no-torch --no-python \
-      >"$out/shuffle-8g-file-registered.log" 2>&1
-    echo "shuffle 8G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-8g-file-registered.log"
+    registered_rows
+    ;;
+  registered)
+    python_env || echo "no wheel: the Python rows are skipped"
+    registered_rows
     ;;
   pieces)
     # 64 MiB pieces queued back to back over one 16 GiB file: the bench's spans rows beside
     # auto and one-shot, then read_into from Python; Python's batches first pass; rows.
-    f=/tmp/file16g.bin
-    [ -f $f ] || python3 -c "
-import numpy as np
-b = np.random.default_rng(1).integers(0, 256, 64 << 20, dtype=np.uint8)
-with open('$f', 'wb') as f:
-    for k in range(256):
-        f.write(b.tobytes()); b += 1
-"
+    f=$(file16g)
     timeout 200 .gpu/run.sh bench $f --budget 4G --only auto,one-shot --strategy auto/spans=64M \
       --strategy auto/spans=1G --no-cold >"$out/bench-16g-file-4g-budget-64m-pieces-queued.log" 2>&1
     echo "pieces bench rc=$?"
@@ -189,6 +204,12 @@ with open('$f', 'wb') as f:
     nvcc -O3 -arch=sm_90 -o /tmp/gather_shapes bench/experiments/gather_shapes.cu &&
       timeout 120 /tmp/gather_shapes 8 >"$out/gather-kernel-shapes-registered-8g.log" 2>&1
     echo "shapes rc=$?"; cat "$out/gather-kernel-shapes-registered-8g.log"
+    ;;
+  cpugather)
+    # CPU threads gathering random 2,883-byte records of a page-cached file, with and without
+    # prefetching (bench/examples/cpu_gather.rs).
+    timeout 120 .gpu/bin/cpu_gather "$(file16g)" >"$out/cpu-gather-records-prefetch.log" 2>&1
+    echo "cpu_gather rc=$?"; cat "$out/cpu-gather-records-prefetch.log"
     ;;
   *) echo "unknown stage $stage" ;;
   esac
