@@ -38,13 +38,11 @@ fn gather(bytes: &[u8], rec: usize, n: usize, seed: u64, ahead: usize) -> usize 
     let per = ((4 << 20) / rec).max(1);
     let mut buf = vec![0u8; per * rec];
     for (k, &at) in offsets.iter().enumerate() {
-        if ahead > 0 {
-            if let Some(&p) = offsets.get(k + ahead) {
-                prefetch(bytes, p);
-                let last = p + rec - 1;
-                if last / 4096 != p / 4096 {
-                    prefetch(bytes, last / 4096 * 4096);
-                }
+        if let Some(&p) = offsets.get(k + ahead).filter(|_| ahead > 0) {
+            prefetch(bytes, p);
+            let last = p + rec - 1;
+            if last / 4096 != p / 4096 {
+                prefetch(bytes, last / 4096 * 4096);
             }
         }
         let o = (k % per) * rec;
@@ -70,8 +68,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let n = 300_000;
             let t = Instant::now();
             let moved: usize = std::thread::scope(|s| {
-                let hs: Vec<_> =
-                    (0..threads).map(|i| s.spawn(move || gather(bytes, rec, n, 0x9e37 + i as u64 * 7919, ahead))).collect();
+                let hs: Vec<_> = (0..threads)
+                    .map(|i| s.spawn(move || gather(bytes, rec, n, 0x9e37 + i as u64 * 7919, ahead)))
+                    .collect();
                 hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
             });
             let secs = t.elapsed().as_secs_f64();
