@@ -423,8 +423,7 @@ impl Loader {
             (_, Some(k)) => k.clone(),
             (_, None) => return Err(Error::invalid("Loader", "no gather kernel")),
         };
-        if let (Store::Pool(pool), Order::Pool(order)) = (&mut self.store, &self.order) {
-            pool.ensure(&self.streamer, &self.arrays, order, order.batch_groups(b))?;
+        if let (Store::Pool(_), Order::Pool(order)) = (&self.store, &self.order) {
             let next = (b + 1 < self.len()).then(|| order.batch_groups(b + 1).start);
             self.gather_pooled(b, n, dsts, &kernels)?;
             // This batch's gathers are enqueued: the next group may stream.
@@ -460,32 +459,47 @@ impl Loader {
 
     /// The pool's gather: each record's offset in its half of the pool,
     /// written to one of the staging buffers (which the kernel reads in
-    /// place), then gathered, one gather per half the batch draws from (its
-    /// records of one group come before those of the next).
+    /// place), then gathered, one gather per group the batch draws from (its
+    /// records of one group come before those of the next). A batch that
+    /// reads the end of group `g` and the start of `g + 1` gathers `g`'s
+    /// records once `g` has landed, then starts `g + 2` (into `g`'s half: no
+    /// later gather reads it), and only then waits for `g + 1`: so that
+    /// `g + 2` is queued while `g + 1` still streams, and joins its pass.
     fn gather_pooled(&mut self, b: u64, n: u64, dsts: &mut [DeviceSliceMut<'_, u8>], kernels: &Kernels) -> Result<()> {
         self.fill_records(b);
-        let Store::Pool(pool) = &self.store else {
+        let (Store::Pool(pool), Order::Pool(order)) = (&mut self.store, &self.order) else {
             return Err(Error::invalid("Loader", "no pool"));
         };
+        let groups = order.batch_groups(b);
         let stage = &mut self.stages[self.turn];
         self.turn = (self.turn + 1) % STAGES;
         let k = n as usize;
         // Where the records of the first half drawn from end.
         let first_half = self.drawn.first().map_or(0, |d| pool.half_of(d));
         let split = self.drawn.iter().position(|d| pool.half_of(d) != first_half).unwrap_or(k);
-        for (i, (a, dst)) in self.arrays.iter().zip(dsts.iter_mut()).enumerate() {
-            let rec = a.record_bytes();
-            pool.offsets(rec, &self.drawn, &mut self.offsets);
-            stage.host[i].as_mut_slice()?[..k].copy_from_slice(&self.offsets);
-            let mut whole = dst.slice_mut(..(n * rec) as usize)?;
-            let (mut head, mut tail) = whole.split_at_mut(split * rec as usize)?;
-            for (run, part, half) in [(0..split, &mut head, first_half), (split..k, &mut tail, 1 - first_half)] {
-                if run.is_empty() {
-                    continue;
+        for (step, run, half) in [(0, 0..split, first_half), (1, split..k, 1 - first_half)] {
+            if run.is_empty() {
+                continue;
+            }
+            let group = groups.start + step;
+            pool.ensure(&self.streamer, &self.arrays, order, group..group + 1)?;
+            for (i, (a, dst)) in self.arrays.iter().zip(dsts.iter_mut()).enumerate() {
+                let rec = a.record_bytes();
+                pool.offsets(rec, &self.drawn, &mut self.offsets);
+                if step == 0 {
+                    stage.host[i].as_mut_slice()?[..k].copy_from_slice(&self.offsets);
                 }
+                let mut part = dst.slice_mut((run.start * rec as usize)..(run.end * rec as usize))?;
                 let src = Source::Device(pool.source(i, half)?);
                 let offsets = stage.host[i].slice(run.clone())?;
-                gather::gather(&self.stream, &kernels.by_offsets, part, &src, (&offsets, &self.offsets[run]), rec)?;
+                gather::gather(
+                    &self.stream,
+                    &kernels.by_offsets,
+                    &mut part,
+                    &src,
+                    (&offsets, &self.offsets[run.clone()]),
+                    rec,
+                )?;
             }
         }
         Ok(())
