@@ -1,11 +1,17 @@
 """A page-cached file read into device memory in pieces queued back to back.
 
-`wirespeed.read_into` of PIECE-byte pieces, one call per piece, each call
-returning at once (the copies in the background), so the pieces queue on the
-streamer one behind the other; beside it the whole file in one call. Each line:
-GB/s, that as a fraction of the line rate (a resident pinned tensor copied to
-the device, measured in the same run), process CPU seconds per GB, and a
-check of sampled bytes against the file. Exits 0 when every check passed.
+Three ways, each into one device tensor of the file's size: the whole file in
+one `wirespeed.read_into` call; PIECE-byte pieces, one `read_into` call per
+piece (each call orders the consumer's stream after its piece before it
+returns, so the next piece is queued only once that one's copies are all
+enqueued); and the same pieces in one `wirespeed.read_into_many` call (all
+queued on the streamer first, the stream ordered after them only then, so
+that they run as one chained pass). Each line: GB/s, that as a fraction of
+the line rate (a resident pinned tensor copied to the device, measured in the
+same run), process CPU seconds per GB, a check of sampled bytes against the
+file, and the transfers: how many, how many ran chained to the one before
+(`Report.chained`), their registrations and strategies. Exits 0 when every
+check passed.
 
     python bench/python_pieces.py PATH [--piece-mib 64] [--budget-mib 4096] [--passes 5]
 """
@@ -87,13 +93,19 @@ def main():
         return [wirespeed.read_into(dst[o:o + min(piece, size - o)], args.path, o, min(piece, size - o),
                                     budget=budget) for o in range(0, size, piece)]
 
+    def many():
+        return wirespeed.read_into_many(
+            args.path, [(dst[o:o + min(piece, size - o)], o) for o in range(0, size, piece)], budget=budget)
+
     def whole():
         return [wirespeed.read_into(dst, args.path, budget=budget)]
 
     w = timed("read_into, one call", whole)
     p = timed(f"read_into, {args.piece_mib} MiB pieces queued", pieces)
-    print(f"pieces: {p / line:.2f} x line (goal 0.80: {'PASS' if p / line >= 0.80 else 'MISS'}), "
-          f"{p / w:.2f} of one call")
+    m = timed(f"read_into_many, {args.piece_mib} MiB pieces", many)
+    for name, rate in (("pieces, read_into each", p), ("pieces, read_into_many", m)):
+        print(f"{name}: {rate / line:.2f} x line (goal 0.80: {'PASS' if rate / line >= 0.80 else 'MISS'}), "
+              f"{rate / w:.2f} of one call")
     print("ok" if ok else "FAILED: bytes differ from the file")
     return 0 if ok else 1
 

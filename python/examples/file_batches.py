@@ -4,11 +4,15 @@ Reads PATH (created when missing: 8 x the budget, 4 GiB by default, then read
 once so the page cache holds it) with `wirespeed.batches` (64 MiB batches,
 depth 2, a 512 MiB pin budget, spans of the package's default, or of each
 --span-mib given), then whole into one tensor with `wirespeed.read_into`.
-Prints GB/s and process CPU s/GB (os.times()) of each pass, what the spans'
-transfers did (how many, their strategy, registrations; for read_into, its
-report's breakdown: the share copied in place, time registering and filling
-the ring), and checks the data: the byte sum of the whole file, and a
-sample of 4 KiB pieces against the file. The last line compares the best batches pass with the best
+Prints GB/s and process CPU s/GB (os.times()) of each pass; for batches,
+what the spans' transfers did (how many, their strategy, registrations), the
+time making the iterator took and the rate after it, and the device segments
+torch's caching allocator allocated while the iterator was made and during
+the pass (the iterator reserves its spans' memory when it is made, so a
+first pass should allocate none); for read_into, its report's breakdown (the
+share copied in place, time registering and filling the ring). It checks the
+data: the byte sum of the whole file, and a sample of 4 KiB pieces against
+the file. The last line compares the best batches pass with the best
 read_into pass (one transfer of the whole file: what `bench`'s auto row
 measures). Exits 0 when every check passed.
 
@@ -95,6 +99,7 @@ def main():
             segments0 = torch.cuda.memory_stats(dev).get("segment.all.allocated", 0)
             it = wirespeed.batches(args.path, batch, device=args.device, depth=args.depth, budget=budget, span=span)
             made = time.perf_counter() - t0
+            segments_made = torch.cuda.memory_stats(dev).get("segment.all.allocated", 0)
             for k, b in enumerate(it):
                 acc += b.sum(dtype=torch.int64)
                 if k % sample_every == 0:
@@ -103,7 +108,8 @@ def main():
             del b
             torch.cuda.synchronize()
             dt, cpu = time.perf_counter() - t0, cpu_now() - c0
-            segments = torch.cuda.memory_stats(dev).get("segment.all.allocated", 0) - segments0
+            segments = torch.cuda.memory_stats(dev).get("segment.all.allocated", 0) - segments_made
+            segments_made -= segments0
             verdict = check("batches", int(acc.item()), samples)
             reports = it.reports
             strategies = sorted({r.strategy for r in reports})
@@ -114,7 +120,7 @@ def main():
                   f"{sum(r.registrations for r in reports)} registrations, "
                   f"{sum(r.chained for r in reports)} chained to the one before, {'; '.join(strategies)}; "
                   f"making the iterator {made * 1e3:.1f} ms, then {size / (dt - made) / 1e9:.2f} GB/s; "
-                  f"{segments} device segments allocated by torch]")
+                  f"torch's segment allocations: {segments_made} making the iterator, {segments} in the pass]")
             ok &= off == size
             if rep > 0 or args.passes == 1:
                 best[span_mib] = max(best.get(span_mib, 0.0), gbps)

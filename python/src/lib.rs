@@ -15,6 +15,8 @@
 //!   whatever the caller drops or interrupts; [`streamers`] keeps the
 //!   streamers and mapped files for later calls, and makes a streamer's
 //!   ring and registration context ready before a first pass (`_prepare`);
+//!   `read_file_many` starts many pieces of one file back to back, so that
+//!   the streamer runs them as one pass;
 //! * [`mod@read_host`]: host memory (any buffer) into device memory, through
 //!   [`host_ring`], a pinned ring per device filled by a pool of threads, or
 //!   registered in place;
@@ -72,6 +74,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runtime::_use_emulator, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::device_count, m)?)?;
     m.add_function(wrap_pyfunction!(read_file::read_file, m)?)?;
+    m.add_function(wrap_pyfunction!(read_file::read_file_many, m)?)?;
     m.add_function(wrap_pyfunction!(streamers::_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(read_host::read_host, m)?)?;
     m.add_function(wrap_pyfunction!(held::release, m)?)?;

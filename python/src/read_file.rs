@@ -1,12 +1,17 @@
 //! `read_file`: a file range into device memory given by pointer, as a
 //! `Streamer` transfer ordered after the consumer's stream and before its
-//! later work, with no host wait unless asked.
+//! later work, with no host wait unless asked; `read_file_many`: many pieces
+//! of one file started back to back (the caller orders its stream after
+//! them once all are queued), so that the streamer chains them into one pass.
 
+use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use wirespeed_cuda::DeviceSliceMut;
-use wirespeed_pinned::StartOptions;
+use wirespeed_cuda::{Device, DeviceSliceMut, Stream};
+use wirespeed_pinned::{StartOptions, Streamer};
 
 use crate::error::err;
 use crate::handles::{consumer, device_of};
@@ -108,4 +113,107 @@ pub(crate) fn read_file(
     order: bool,
 ) -> PyResult<PyReport> {
     FileRead { path, offset, length, ptr, nbytes, device, keep, budget, strategy, stream, order, sync }.start(py)
+}
+
+/// One piece of `read_file_many`, as Python gives it: `(index, offset,
+/// length, ptr, nbytes, device, stream, keep)`: the index the caller's
+/// messages name it by, then each as `read_file` takes it.
+type PieceArgs = (usize, u64, u64, usize, usize, Option<usize>, Option<usize>, Py<PyAny>);
+
+/// A piece of `read_file_many`, checked and ready to start.
+struct Piece {
+    range: Range<u64>,
+    view: DeviceSliceMut<'static, u8>,
+    dev: Device,
+    streamer: Arc<Streamer>,
+    /// The consumer's stream, which the copies follow (`None`: nothing).
+    after: Option<Stream>,
+    keep: Py<PyAny>,
+    /// The caller's index of the piece.
+    index: usize,
+}
+
+/// Starts one transfer per piece of `path`, in the order given, each as
+/// `read_file` with `order=False` and `sync=False` would, queued back to
+/// back on the kept streamers (one per device) so that the worker runs them
+/// as one pass where it can (pieces of one file that share no byte). Every
+/// piece is checked (its destination's size, its range in the file, its
+/// device and stream) before any is started: a bad piece starts nothing.
+/// The caller then orders its streams after the copies (`Report._then_on`,
+/// in the same order). If starting a piece fails, the pieces started before
+/// it are waited for (interruptibly) and the error names the piece: nothing
+/// of the call is left in flight. Errors name pieces by their `index`.
+#[pyfunction]
+pub(crate) fn read_file_many(
+    py: Python<'_>,
+    path: PathBuf,
+    pieces: Vec<PieceArgs>,
+    budget: u64,
+    strategy: &str,
+) -> PyResult<Vec<PyReport>> {
+    reap();
+    let strategy = parse_strategy(strategy)?;
+    let file = mapped(&path)?;
+    let mut checked = Vec::with_capacity(pieces.len());
+    for (i, offset, length, ptr, nbytes, device, stream, keep) in pieces {
+        let at = |e: PyErr| prefixed(py, i, e);
+        if nbytes as u64 != length {
+            return Err(err(format!("piece {i}: the destination holds {nbytes} bytes, the range {length}")));
+        }
+        let end = offset.checked_add(length).filter(|&e| e <= file.len()).ok_or_else(|| {
+            err(format!(
+                "piece {i}: range {offset}..{} is outside the file's {} bytes",
+                offset.saturating_add(length),
+                file.len()
+            ))
+        })?;
+        let dev = device_of(ptr, device).map_err(at)?;
+        let streamer = streamer(dev.ordinal(), budget, strategy).map_err(at)?;
+        let after = stream.map(|h| consumer(h, dev)).transpose().map_err(at)?;
+        // SAFETY: as in `FileRead::start`: `ptr .. ptr + nbytes` is device
+        // memory of `dev`, owned by `keep`, which is kept alive (in
+        // `INFLIGHT`) until the transfer has been observed complete; the
+        // package documents that nothing else touches it meanwhile.
+        let view =
+            unsafe { DeviceSliceMut::<u8>::from_raw_parts(ptr as *mut u8, nbytes, dev) }.map_err(|e| at(err(e)))?;
+        checked.push(Piece { range: offset..end, view, dev, streamer, after, keep, index: i });
+    }
+    let mut reports = Vec::with_capacity(checked.len());
+    let mut started = Vec::with_capacity(checked.len());
+    for p in checked {
+        let Piece { range, view, dev, streamer: s, after, keep, index } = p;
+        let length = range.end - range.start;
+        let options = match &after {
+            Some(a) => StartOptions::new().after(a),
+            None => StartOptions::new(),
+        };
+        match py.detach(|| s.start_with(&file, range, view, options)) {
+            Ok(transfer) => {
+                // SAFETY: the transfer borrows the streamer `s` and the view
+                // above, whose memory `keep` owns (see above).
+                let shared = unsafe { inflight::track(transfer, keep, s.clone()) };
+                started.push(shared.clone());
+                reports.push(PyReport::pending(length, dev, shared));
+            }
+            Err(e) => {
+                // Nothing of this call is left in flight: the pieces started
+                // before this one end first (their destinations kept alive
+                // until then, even if the wait is interrupted).
+                for t in &started {
+                    inflight::wait(py, t)?;
+                }
+                return Err(err(format!(
+                    "piece {index}: {e} (the {} pieces queued before it were started and have ended)",
+                    started.len()
+                )));
+            }
+        }
+    }
+    Ok(reports)
+}
+
+/// `e`, its message prefixed with the piece it is about.
+fn prefixed(py: Python<'_>, i: usize, e: PyErr) -> PyErr {
+    let message = format!("piece {i}: {}", e.value(py));
+    if e.is_instance_of::<PyValueError>(py) { PyValueError::new_err(message) } else { err(message) }
 }

@@ -3,8 +3,11 @@ partial batch, errors mid-iteration, leaving early, and what stays pinned."""
 
 import ctypes
 import gc
+import sys
 import threading
 import time
+import types
+import weakref
 
 import pytest
 
@@ -285,3 +288,95 @@ def test_bad_arguments(big_file):
     with pytest.raises(wirespeed.Error, match="outside"):
         wirespeed.batches(path, MIB, offset=1 << 40)
     assert list(wirespeed.batches(path, MIB, offset=0, length=0)) == []
+
+
+class Storage:
+    """One allocation of `FakeTorch`, shared by the tensors that view it."""
+
+
+class FakeTensor:
+    """As much of a torch CUDA tensor as `batches` uses: slices and views
+    of one allocation of `FakeTorch`, device memory of the emulator."""
+
+    def __init__(self, arr, storage):
+        self._arr, self._storage = arr, storage
+
+    def __getitem__(self, s):
+        start, stop, step = s.indices(self._arr.nbytes)
+        assert step == 1
+        return FakeTensor(self._arr._view(start, stop - start), self._storage)
+
+    def view(self, shape):
+        assert shape == (self._arr.nbytes,)  # batches of bytes: no change
+        return self
+
+    def data_ptr(self):
+        return self._arr.ptr
+
+    ptr = property(data_ptr)
+    nbytes = property(lambda self: self._arr.nbytes)
+
+
+class FakeTorch(types.ModuleType):
+    """A stand-in for torch, as much of it as `batches` uses, whose `empty`
+    is a caching allocator as torch's is on one stream: a block is handed
+    out again once no tensor uses it, the smallest free one large enough;
+    a new one (`cudaMalloc`) only when none is free. It records the sizes
+    asked for."""
+
+    uint8 = "uint8"
+    Tensor = FakeTensor
+
+    def __init__(self):
+        super().__init__("torch")
+        self.free, self.asked = [], []
+        stream = types.SimpleNamespace(cuda_stream=0)  # the legacy default stream
+        self.cuda = types.SimpleNamespace(current_stream=lambda device=None: stream)
+
+    def device(self, kind, index):
+        return (kind, index)
+
+    def empty(self, n, dtype=None, device=None):
+        self.asked.append(n)
+        fits = sorted((a for a in self.free if a.nbytes >= n), key=lambda a: a.nbytes)
+        if fits:
+            block = fits[0]
+            self.free.remove(block)
+        else:
+            block = wirespeed._DeviceArray(n, device[1])
+        storage = Storage()
+        weakref.finalize(storage, self.free.append, block)
+        return FakeTensor(block._view(0, n), storage)
+
+
+@pytest.mark.parametrize("budget", [2 * MIB, wirespeed.DEFAULT_BUDGET])
+def test_with_torch_the_first_pass_allocates_no_device_memory(big_file, emulator, monkeypatch, budget):
+    """With torch, making the iterator allocates the spans alive at once in
+    a pass (depth 2, spans of 4 batches: the next span ahead, so 3), each of
+    the largest span's size; the first spans stream into them, and the last
+    one into memory the caching allocator hands out again once the caller
+    has let go of the first span's batches: the first pass makes no device
+    allocation (counted by the emulator)."""
+    path, data = big_file
+    torch = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+    def mallocs():
+        return counters_of(["cudaMalloc"])["cudaMalloc"]
+
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=2, budget=budget)
+    largest = max(n for _, n in it.spans)
+    assert largest == 4 * MIB + 12345  # the last span: 5 batches, the partial one included
+    assert torch.asked == [largest] * 3  # made with the iterator
+    made, got = mallocs(), []
+    for b in it:
+        got.append(raw(b))
+    assert b"".join(got) == data
+    assert mallocs() == made, "the first pass allocated device memory"
+    assert torch.asked == [largest] * 3 + [largest]  # the fourth span's, handed out again
+    # Closing lets go of what is reserved and not yet streamed into.
+    it = wirespeed.batches(path, MIB, span=4 * MIB, depth=2, budget=budget)
+    free = len(torch.free)
+    it.close()
+    gc.collect()
+    assert len(torch.free) == free + 3

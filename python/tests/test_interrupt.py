@@ -106,6 +106,26 @@ def test_ctrl_c_during_read_into(data_file, held):
     wirespeed.read_into(dst, data_file, sync=True)
 
 
+def test_ctrl_c_during_read_into_many(data_file, held):
+    """Interrupted while it orders the stream (the pieces all started, the
+    first one's copies held): the pieces run to their end once the streams
+    go on, their destinations kept until then."""
+    data = data_file.read_bytes()
+    n = len(data) // 4
+    dsts = [wirespeed._DeviceArray(n) for _ in range(4)]
+    pieces = [(d, k * n) for k, d in enumerate(dsts)][::-1]
+    with Alarm(0.3) as alarm:
+        with pytest.raises(KeyboardInterrupt):
+            # Through the pinned ring (the range is larger than the budget).
+            wirespeed.read_into_many(data_file, pieces, budget=2 * MIB)
+    assert alarm.fired is not None and time.monotonic() - alarm.fired < HANG_S
+    assert wirespeed.pinned_bytes() > 0
+    wirespeed._native._emulator_hold(False)
+    wirespeed.release()  # waits for the pieces, then frees the pins
+    assert nothing_pinned() == (0, 0, 0)
+    assert b"".join(d.to_bytes() for d in dsts) == data[: 4 * n]
+
+
 def test_ctrl_c_during_batches(data_file, held):
     seen = 0
     # A pinned ring (the range is larger than the budget), two spans at once.

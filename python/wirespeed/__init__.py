@@ -6,6 +6,8 @@ both), never through a fresh ``pin_memory()`` copy per batch.
 
 * :func:`read_into` - a file range (or an ``np.memmap``, or a host array) into
   a CUDA tensor you own, ordered on your current stream.
+* :func:`read_into_many` - many pieces of one file into CUDA tensors, queued
+  together so that they stream as one pass, then ordered on your streams.
 * :func:`batches` - an iterator of CUDA tensors over a file, streamed in
   long transfers of many batches (spans), the next ones streaming while you
   compute.
@@ -38,6 +40,7 @@ __all__ = [
     "Error",
     "Report",
     "read_into",
+    "read_into_many",
     "batches",
     "Batches",
     "Loader",
@@ -300,6 +303,10 @@ def read_into(
     it is read. Ctrl-C raises ``KeyboardInterrupt``; a transfer already
     started still runs to its end in the background, its destination kept
     alive until then.
+
+    For many pieces of one file, use :func:`read_into_many`: a loop of
+    ``read_into`` calls orders your stream after each piece before the next
+    is queued, so the pieces cannot stream as one pass.
     """
     _ensure_runtime()
     ptr, nbytes, device, stream = _destination(dst)
@@ -434,6 +441,8 @@ class Batches:
         self._prepare()
         fewest = min((k for _, _, k in self._spans), default=1)
         self._ahead = 0 if depth == 0 else -(-depth // fewest)
+        self._reserved: collections.deque = collections.deque()
+        self._reserve()
         self._pending: collections.deque = collections.deque()
         self._reports: List[Report] = []
         self._submitted = 0
@@ -461,6 +470,7 @@ class Batches:
         self._closed = True
         self._slab = None
         self._pending.clear()
+        self._reserved.clear()
         try:
             _native._reap()
         except Exception:  # the interpreter is shutting down
@@ -518,6 +528,37 @@ class Batches:
             del page
             _native._reap()
 
+    def _reserve(self) -> None:
+        """With torch, allocates now the device memory of the spans alive at
+        once in a pass (the one whose batch the caller still holds, the one
+        yielded, and those streaming ahead: ``ahead + 2``), each as large as
+        the largest span, so that the first pass allocates no device memory:
+        torch's caching allocator would otherwise ``cudaMalloc`` them during
+        it (and hand them out again in later passes), which takes time there
+        and may wait for the device. The first spans stream into these; the
+        later ones get them back from the caching allocator once the caller
+        has let go of an earlier span's batches. Without torch, each span's
+        memory is the library's, allocated as the span starts and freed with
+        its last batch, alike in every pass: nothing is reserved."""
+        if not self._spans or self._torch is None:
+            return
+        largest = max(n for _, n, _ in self._spans)
+        for _ in range(min(len(self._spans), self._ahead + 2)):
+            self._reserved.append(self._alloc(largest))
+
+    def _alloc(self, n: int) -> Tuple[Any, Optional[int]]:
+        """``n`` bytes of fresh device memory, and the stream that a transfer
+        into it must follow: with torch, its memory (``torch.empty``) and
+        the current stream, on which the caching allocator may have handed
+        out memory still in use by work enqueued so far; else a
+        ``_DeviceArray`` and no stream."""
+        torch = self._torch
+        if torch is not None:
+            dev = torch.device("cuda", self._device)
+            slab = torch.empty(n, dtype=torch.uint8, device=dev)
+            return slab, int(torch.cuda.current_stream(dev).cuda_stream)
+        return _DeviceArray(n, self._device), None
+
     def _next_span(self) -> None:
         """Starts the spans up to ``ahead`` beyond the next one, then waits
         (interruptibly) for the next one to land, raising its error."""
@@ -538,18 +579,18 @@ class Batches:
         self._index, self._slab, self._k = j, slab, 0
 
     def _submit(self, i: int) -> None:
-        """Starts span ``i``'s transfer into fresh device memory."""
+        """Starts span ``i``'s transfer into memory reserved when the
+        iterator was made (``_reserve``), or else fresh device memory."""
         off, n, _ = self._spans[i]
-        torch = self._torch
-        if torch is not None:
-            dev = torch.device("cuda", self._device)
-            slab = torch.empty(n, dtype=torch.uint8, device=dev)
-            ptr, stream = slab.data_ptr(), int(torch.cuda.current_stream(dev).cuda_stream)
+        slab, stream = self._reserved.popleft() if self._reserved else self._alloc(n)
+        if self._torch is not None:
+            slab = slab[:n]  # a reserved one is as large as the largest span
+            ptr = slab.data_ptr()
         else:
-            slab = _DeviceArray(n, self._device)
-            ptr, stream = slab.ptr, None
-        # Ordered after the work on the current stream so far (which may have
-        # used this memory before the caching allocator handed it out again).
+            ptr = slab.ptr
+        # Ordered after the work so far on the stream it was allocated on (which
+        # may have used this memory before the caching allocator handed it out
+        # again).
         # Nothing waits here for its copies to be enqueued (not synced, not
         # ordered: the span is handed out only once it has landed, see
         # `_next_span`), so the next spans are queued at once, and the
@@ -622,7 +663,12 @@ def batches(
     streamer (kept per device, budget and strategy, as :func:`read_into`
     keeps it), its pinned ring and registration context for the spans' plan,
     and, where the spans run from the whole file registered (it fits the
-    budget), that registration. A first pass then runs as later ones do.
+    budget), that registration; with torch, also the device memory of the
+    spans alive at once (``2 + ceil(depth / batches per span)`` of them, each
+    of the largest span's size, held from then on), which the first spans
+    stream into and later ones get back from torch's caching allocator, so
+    that the first pass allocates no device memory. A first pass then runs
+    as later ones do.
 
     Returns a :class:`Batches` iterator (also a context manager), whose
     ``reports`` hold each span's :class:`Report`.
@@ -678,3 +724,4 @@ class pinned:
 
 
 from .loader import DEFAULT_BLOCK, DEFAULT_LOADER_BUDGET, Loader  # noqa: E402
+from .pieces import read_into_many  # noqa: E402

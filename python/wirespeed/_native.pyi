@@ -77,6 +77,12 @@ def read_file(
     sync: bool,
     order: bool = True,
 ) -> Report: ...
+def read_file_many(
+    path: str,
+    pieces: Sequence[Tuple[int, int, int, int, int, Optional[int], Optional[int], Any]],
+    budget: int,
+    strategy: str,
+) -> List[Report]: ...
 def read_host(
     src: Any,
     ptr: int,
