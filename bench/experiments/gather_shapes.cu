@@ -14,6 +14,12 @@
 //             any is stored (records up to 8 rounds, 4 KiB)
 //   block     a block of 128 threads per record, one 16-byte load a thread a
 //             round, bytes stored one by one (the probe's kernel)
+//   lib-64reg the library's kernel body held to 64 registers a thread
+//             (__launch_bounds__(256, 4)): more warps resident
+//
+// The library's kernel loads up to eight rounds before it stores since commit
+// 40c8b96; "library" then measures that, and "prefetch" is the same idea as
+// first tried here.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,6 +74,15 @@ __global__ void __launch_bounds__(256) gather_prefetch(unsigned char *dst, const
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps)
         copy_record_prefetch<8>((u64)dst + k * rec, (u64)src + offsets[k], rec, lane);
+}
+
+// The library's kernel body with at most 64 registers a thread (four blocks of 256 a
+// multiprocessor), against the register count the library's launch bound allows.
+__global__ void __launch_bounds__(256, 4) gather_lb4(unsigned char *dst, const unsigned char *src, const u64 *offsets, u64 n, u64 rec) {
+    const unsigned lane = threadIdx.x & 31;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps)
+        copy_record((u64)dst + k * rec, (u64)src + offsets[k], rec, lane);
 }
 
 __global__ void gather_block(unsigned char *out, const unsigned char *win, const u64 *offsets, u64 rec) {
@@ -130,8 +145,8 @@ int main(int argc, char **argv) {
     CK(cudaMemcpy(doffs, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&out, B * R + 64));
     std::vector<unsigned char> back(B * R);
-    const char *names[] = {"library", "prefetch", "block"};
-    for (int shape = 0; shape < 3; shape++) {
+    const char *names[] = {"library", "prefetch", "block", "lib-64reg"};
+    for (int shape = 0; shape < 4; shape++) {
         for (int rep = 0; rep < 3; rep++) {
             CK(cudaEventRecord(e0, st));
             for (size_t b = 0; b < BATCHES; b++) {
@@ -142,8 +157,11 @@ int main(int argc, char **argv) {
                 } else if (shape == 1) {
                     unsigned blocks = (unsigned)std::min<u64>((B + 7) / 8, 4096);
                     gather_prefetch<<<blocks, 256, 0, st>>>(out, hd, o, B, R);
-                } else {
+                } else if (shape == 2) {
                     gather_block<<<(unsigned)B, 128, 0, st>>>(out, hd, o, R);
+                } else {
+                    unsigned blocks = (unsigned)std::min<u64>((B + 7) / 8, 4096);
+                    gather_lb4<<<blocks, 256, 0, st>>>(out, hd, o, B, R);
                 }
             }
             CK(cudaGetLastError());
