@@ -24,6 +24,8 @@
 #   registered  the registered and resident ways (16 GiB file), the registered (8 GiB)
 #   poolonly  the pool and the ring (32 GiB file), from Rust and Python, no torch rows
 #   shapes    shapes of the gather kernel on registered host memory (an experiment; needs nvcc)
+#   firstpass Python's batches, first pass beside the later ones
+#   regload   registering in a second context while gathers or copies run (an experiment; needs nvcc)
 #   cpugather threads gathering random records of a page-cached file, with and without prefetch
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
 #             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
@@ -204,6 +206,20 @@ for stage in "${stages[@]}"; do
     nvcc -O3 -arch=sm_90 -o /tmp/gather_shapes bench/experiments/gather_shapes.cu &&
       timeout 120 /tmp/gather_shapes 8 >"$out/gather-kernel-shapes-registered-8g.log" 2>&1
     echo "shapes rc=$?"; cat "$out/gather-kernel-shapes-registered-8g.log"
+    ;;
+  firstpass)
+    # Python's batches: the first pass beside the later ones (python/examples/file_batches.py).
+    python_env || { echo "no wheel"; continue; }
+    timeout 150 python3 python/examples/file_batches.py /tmp/file-batches-4g.bin --passes 3 \
+      >"$out/python-file-batches-first-pass.log" 2>&1
+    echo "file_batches rc=$?"; tail -6 "$out/python-file-batches-first-pass.log"
+    ;;
+  regload)
+    # Registering in a second context while the primary one idles, gathers or copies
+    # (bench/experiments/register_under_kernels.cu).
+    nvcc -O3 -arch=sm_90 -o /tmp/register_under_kernels bench/experiments/register_under_kernels.cu -lcuda -lpthread &&
+      timeout 60 /tmp/register_under_kernels >"$out/register-second-context-under-gathers.log" 2>&1
+    echo "regload rc=$?"; cat "$out/register-second-context-under-gathers.log"
     ;;
   cpugather)
     # CPU threads gathering random 2,883-byte records of a page-cached file, with and without
