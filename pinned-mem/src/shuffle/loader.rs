@@ -334,7 +334,7 @@ impl Loader {
             ));
         }
         if let Store::Pool(p) = &mut self.store {
-            p.reset()?;
+            p.reset(state.epoch, state.batch)?;
         }
         self.order = make_order(&self.store, self.cut, &self.config, state.epoch)?;
         self.state = state;
@@ -426,9 +426,12 @@ impl Loader {
         if let (Store::Pool(_), Order::Pool(order)) = (&self.store, &self.order) {
             let next = (b + 1 < self.len()).then(|| order.batch_groups(b + 1).start);
             self.gather_pooled(b, n, dsts, &kernels)?;
-            // This batch's gathers are enqueued: the next group may stream.
-            if let (Some(first), Store::Pool(pool), Order::Pool(order)) = (next, &mut self.store, &self.order) {
-                pool.start_ahead(&self.streamer, &self.arrays, order, first)?;
+            // This batch's gathers are enqueued: the next group may stream,
+            // and once only the last group is read, the next epoch's first.
+            if let (Store::Pool(pool), Order::Pool(order)) = (&mut self.store, &self.order) {
+                let ahead =
+                    Ahead { streamer: &self.streamer, arrays: &self.arrays, cut: self.cut, config: &self.config };
+                ahead.start(pool, order, self.state.epoch, next.unwrap_or(order.groups()))?;
             }
             return Ok(());
         }
@@ -482,6 +485,8 @@ impl Loader {
                 continue;
             }
             let group = groups.start + step;
+            let ahead = Ahead { streamer: &self.streamer, arrays: &self.arrays, cut: self.cut, config: &self.config };
+            ahead.start(pool, order, self.state.epoch, group)?;
             pool.ensure(&self.streamer, &self.arrays, order, group..group + 1)?;
             for (i, (a, dst)) in self.arrays.iter().zip(dsts.iter_mut()).enumerate() {
                 let rec = a.record_bytes();
@@ -694,6 +699,33 @@ fn pool_shape(arrays: &[Records], config: &LoaderConfig, device_budget: u64) -> 
         ));
     }
     Ok(PoolShape { block_records, slots })
+}
+
+/// What starts the pool's groups ahead of the batches that read them.
+struct Ahead<'a> {
+    streamer: &'a Streamer,
+    arrays: &'a [Records],
+    cut: Sharding,
+    config: &'a LoaderConfig,
+}
+
+impl Ahead<'_> {
+    /// No gather from now on reads a group of epoch `epoch` (whose order is
+    /// `order`) before `first`: starts the groups up to `first + 1`, and,
+    /// once only the last group is read, the next epoch's first group
+    /// ([`Pool::start_next_epoch`]).
+    fn start(&self, pool: &mut Pool, order: &PoolOrder, epoch: u64, first: u64) -> Result<()> {
+        pool.start_ahead(self.streamer, self.arrays, order, first)?;
+        if first.saturating_add(1) < order.groups() || pool.has_ahead() {
+            return Ok(());
+        }
+        let epoch = epoch.saturating_add(1);
+        // An order that cannot be made fails that epoch's set_epoch, not this batch.
+        match PoolOrder::new(self.cut, pool.shape, self.config.seed, epoch, self.config.shuffle) {
+            Ok(next) => pool.start_next_epoch(self.streamer, self.arrays, order, &next, epoch),
+            Err(_) => Ok(()),
+        }
+    }
 }
 
 fn make_order(store: &Store, cut: Sharding, config: &LoaderConfig, epoch: u64) -> Result<Order> {

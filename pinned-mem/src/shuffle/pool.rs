@@ -29,6 +29,9 @@ pub(crate) struct Pool {
     pub buffers: Vec<[DeviceBuffer<u8>; 2]>,
     /// Groups whose transfers were started and not yet waited for, oldest first.
     queued: VecDeque<(u64, Vec<Outcome>)>,
+    /// The epoch whose first group was started ahead, during the last group
+    /// of the one before (queued last).
+    ahead: Option<u64>,
     /// The next group to start.
     next_group: u64,
     /// Groups whose transfers ended well: a batch may read them.
@@ -60,6 +63,7 @@ impl Pool {
             shape,
             buffers,
             queued: VecDeque::new(),
+            ahead: None,
             next_group: 0,
             landed: [None, None],
             pieces: Vec::new(),
@@ -71,12 +75,20 @@ impl Pool {
     }
 
     /// Forgets the epoch's groups (a new epoch, or a seek): what was started
-    /// still lands, and the fences order the next transfers after it.
-    pub(crate) fn reset(&mut self) -> Result<()> {
-        self.drain()?;
-        self.next_group = 0;
+    /// still lands, and the fences order the next transfers after it. The
+    /// first group of `epoch`, when it was started ahead
+    /// ([`Pool::start_next_epoch`]) and the epoch starts at its first batch,
+    /// is kept: it goes on streaming.
+    pub(crate) fn reset(&mut self, epoch: u64, batch: u64) -> Result<()> {
+        let keep = match self.ahead.take() {
+            Some(e) if e == epoch && batch == 0 => self.queued.pop_back(),
+            _ => None,
+        };
+        let drained = self.drain();
         self.landed = [None, None];
-        Ok(())
+        self.next_group = u64::from(keep.is_some());
+        self.queued.extend(keep);
+        drained
     }
 
     /// Waits for every started transfer (at the end of an epoch, and on drop).
@@ -149,6 +161,39 @@ impl Pool {
             self.next_group += 1;
         }
         Ok(())
+    }
+
+    /// Starts the first group of epoch `epoch` (whose order is `next`) ahead,
+    /// once every group of the current epoch (`order`) is started and no
+    /// batch reads any but the last: it streams into the half of the one
+    /// before the last (half 0, the first group's, when the epoch has an
+    /// even number of groups; with an odd number it is that last group's,
+    /// and nothing is started), so that the next epoch's first batches do
+    /// not wait for a pool filled from nothing. [`Pool::reset`] keeps it
+    /// when that epoch starts at its first batch.
+    pub(crate) fn start_next_epoch(
+        &mut self,
+        streamer: &Streamer,
+        arrays: &[Records],
+        order: &PoolOrder,
+        next: &PoolOrder,
+        epoch: u64,
+    ) -> Result<()> {
+        if self.ahead.is_some()
+            || self.next_group < order.groups()
+            || !order.groups().is_multiple_of(2)
+            || next.groups() == 0
+        {
+            return Ok(());
+        }
+        self.start(streamer, arrays, next, 0)?;
+        self.ahead = Some(epoch);
+        Ok(())
+    }
+
+    /// Whether the first group of an epoch after this one was started ahead.
+    pub(crate) fn has_ahead(&self) -> bool {
+        self.ahead.is_some()
     }
 
     /// Starts streaming group `g`'s pieces into its half, in file order (so
