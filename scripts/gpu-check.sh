@@ -170,7 +170,7 @@ for stage in "${stages[@]}"; do
     timeout 300 .gpu/run.sh shuffle --ways pool,ring,ring:16 --json "$out/shuffle-32g.json" \
       >"$out/shuffle-32g-file-pool-ring.log" 2>&1
     echo "shuffle 32G rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-ring.log"
-    grep "last transfer" "$out/shuffle-32g-file-pool-ring.log"
+    grep "whole block" "$out/shuffle-32g-file-pool-ring.log"
     registered_rows
     ;;
   registered)
@@ -199,7 +199,7 @@ for stage in "${stages[@]}"; do
     python_env || echo "no wheel: the Python row is skipped"
     timeout 240 .gpu/run.sh shuffle --ways pool,ring --no-torch >"$out/shuffle-32g-file-pool-ring.log" 2>&1
     echo "pool rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-ring.log"
-    grep -E "last transfer|ran chained" "$out/shuffle-32g-file-pool-ring.log"
+    grep -E "whole block|ran chained" "$out/shuffle-32g-file-pool-ring.log"
     ;;
   shapes)
     # Shapes of the gather kernel reading registered host memory (bench/experiments/gather_shapes.cu).

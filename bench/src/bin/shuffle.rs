@@ -317,7 +317,7 @@ fn measure(a: &Args, dev: &Device, records: &Records, line: f64, spec: Spec) -> 
         cpus.push(c / (bytes / 1e9));
     }
     if let Some((r, chained, transfers)) = loader.pool_report() {
-        eprintln!("{}: the pool's last transfer of a whole block: {r}; {}", spec.name, r.breakdown);
+        eprintln!("{}: a whole block's transfer from the middle of an epoch: {r}; {}", spec.name, r.breakdown);
         let waited = loader.pool_waited_seconds().unwrap_or(0.0);
         let total = setup.0 + s + rates.iter().map(|g| bytes / g / 1e9).sum::<f64>();
         eprintln!(

@@ -260,10 +260,11 @@ impl Loader {
         &self.streamer
     }
 
-    /// With [`Way::Pool`]: the report of the last transfer that filled a
-    /// whole slot of the pool (its strategy, rate and breakdown), and how
-    /// many of the transfers so far ran chained to the one before, of how
-    /// many.
+    /// With [`Way::Pool`]: the report of a transfer that filled a whole
+    /// slot of the pool (its strategy, rate and breakdown), from the middle
+    /// of the latest epoch that had one (a pass's last blocks are streamed
+    /// as it ends, not as it runs), and how many of the transfers so far ran
+    /// chained to the one before, of how many.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {

@@ -37,10 +37,14 @@ pub(crate) struct Pool {
     /// Groups whose transfers ended well: a batch may read them.
     landed: [Option<u64>; 2],
     pieces: Vec<Piece>,
-    /// The report of the last transfer that landed filling a whole slot
-    /// (the largest so far), and how many of those so far ran chained to the
-    /// one before.
+    /// The report of a transfer that filled a whole slot (the largest so
+    /// far): the latest of an epoch's middle group, once one landed (the
+    /// blocks at a pass's end, where its claimers meet, are not typical of
+    /// it), else the latest; and how many transfers so far ran chained to
+    /// the one before, of how many.
     pub last: Option<crate::streamer::Report>,
+    /// `last` is of an epoch's middle group.
+    last_mid: bool,
     pub chained: u64,
     pub transfers: u64,
     /// Seconds the host waited for groups to land.
@@ -68,6 +72,7 @@ impl Pool {
             landed: [None, None],
             pieces: Vec::new(),
             last: None,
+            last_mid: false,
             chained: 0,
             transfers: 0,
             waited: 0.0,
@@ -130,8 +135,14 @@ impl Pool {
                     let r = o.wait()?;
                     self.transfers += 1;
                     self.chained += u64::from(r.chained);
-                    if self.last.as_ref().is_none_or(|l| r.bytes >= l.bytes) {
+                    let mid = q == order.groups() / 2;
+                    let keep = match &self.last {
+                        None => true,
+                        Some(l) => r.bytes > l.bytes || (r.bytes == l.bytes && (mid || !self.last_mid)),
+                    };
+                    if keep {
                         self.last = Some(r);
+                        self.last_mid = mid;
                     }
                 }
                 self.landed[(q % 2) as usize] = Some(q);
