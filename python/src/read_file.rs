@@ -11,7 +11,7 @@ use std::sync::Arc;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use wirespeed_cuda::{Device, DeviceSliceMut, Stream};
-use wirespeed_pinned::{StartOptions, Streamer};
+use wirespeed_pinned::{MappedFile, StartOptions, Streamer};
 
 use crate::error::err;
 use crate::handles::{consumer, device_of};
@@ -49,6 +49,21 @@ impl FileRead<'_> {
     /// Starts the transfer (see `read_file`).
     pub(crate) fn start(self, py: Python<'_>) -> PyResult<PyReport> {
         reap();
+        let (stream, order, sync) = (self.stream, self.order, self.sync);
+        let file = mapped(&self.path)?;
+        let (report, _) = self.ready()?.start(py, &file).map_err(err)?;
+        if order {
+            report.then_on(py, stream)?;
+        }
+        if sync {
+            report.settled(py)?;
+        }
+        Ok(report)
+    }
+
+    /// Checks the read (its destination's size and device, the range, the
+    /// consumer's stream) and makes its streamer and its destination's view.
+    fn ready(self) -> PyResult<Ready> {
         let strategy = parse_strategy(self.strategy)?;
         let (nbytes, length) = (self.nbytes, self.length);
         if nbytes as u64 != length {
@@ -56,32 +71,46 @@ impl FileRead<'_> {
         }
         let end = self.offset.checked_add(length).ok_or_else(|| err("the range overflows"))?;
         let dev = device_of(self.ptr, self.device)?;
-        let file = mapped(&self.path)?;
-        let s = streamer(dev.ordinal(), self.budget, strategy)?;
+        let streamer = streamer(dev.ordinal(), self.budget, strategy)?;
         let after = self.stream.map(|h| consumer(h, dev)).transpose()?;
         // SAFETY: `ptr .. ptr + nbytes` is device memory of `dev` (checked here),
         // owned by `keep`, which is kept alive (in `INFLIGHT`) until the transfer
-        // has been observed complete. The copies are ordered after the consumer's
-        // stream as it is now, and the consumer's later work after them
-        // (`then_on` below); the package documents that nothing else may touch
-        // the memory meanwhile.
+        // has been observed complete (`Ready::start`). The copies are ordered
+        // after the consumer's stream as it is now, and the consumer's later
+        // work after them (`Report._then_on`); the package documents that
+        // nothing else may touch the memory meanwhile.
         let view = unsafe { DeviceSliceMut::<u8>::from_raw_parts(self.ptr as *mut u8, nbytes, dev) }.map_err(err)?;
+        Ok(Ready { range: self.offset..end, view, dev, streamer, after, keep: self.keep })
+    }
+}
+
+/// A read checked, with its streamer and its destination's view: ready to
+/// start.
+struct Ready {
+    range: Range<u64>,
+    view: DeviceSliceMut<'static, u8>,
+    dev: Device,
+    streamer: Arc<Streamer>,
+    /// The consumer's stream, which the copies follow (`None`: nothing).
+    after: Option<Stream>,
+    keep: Py<PyAny>,
+}
+
+impl Ready {
+    /// Starts the transfer from `file`, tracked until it has ended; its
+    /// report, pending, and the tracked transfer.
+    fn start(self, py: Python<'_>, file: &Arc<MappedFile>) -> wirespeed_pinned::Result<(PyReport, inflight::Shared)> {
+        let Ready { range, view, dev, streamer: s, after, keep } = self;
+        let length = range.end - range.start;
         let options = match &after {
             Some(a) => StartOptions::new().after(a),
             None => StartOptions::new(),
         };
-        let transfer = py.detach(|| s.start_with(&file, self.offset..end, view, options)).map_err(err)?;
-        // SAFETY: the transfer borrows the streamer `s` and the view above,
-        // whose memory `keep` owns (see above).
-        let shared = unsafe { inflight::track(transfer, self.keep, s.clone()) };
-        let report = PyReport::pending(length, dev, shared);
-        if self.order {
-            report.then_on(py, self.stream)?;
-        }
-        if self.sync {
-            report.settled(py)?;
-        }
-        Ok(report)
+        let transfer = py.detach(|| s.start_with(file, range, view, options))?;
+        // SAFETY: the transfer borrows the streamer `s` and the view, whose
+        // memory `keep` owns (see `FileRead::ready`).
+        let shared = unsafe { inflight::track(transfer, keep, s.clone()) };
+        Ok((PyReport::pending(length, dev, shared.clone()), shared))
     }
 }
 
@@ -120,19 +149,6 @@ pub(crate) fn read_file(
 /// messages name it by, then each as `read_file` takes it.
 type PieceArgs = (usize, u64, u64, usize, usize, Option<usize>, Option<usize>, Py<PyAny>);
 
-/// A piece of `read_file_many`, checked and ready to start.
-struct Piece {
-    range: Range<u64>,
-    view: DeviceSliceMut<'static, u8>,
-    dev: Device,
-    streamer: Arc<Streamer>,
-    /// The consumer's stream, which the copies follow (`None`: nothing).
-    after: Option<Stream>,
-    keep: Py<PyAny>,
-    /// The caller's index of the piece.
-    index: usize,
-}
-
 /// Starts one transfer per piece of `path`, in the order given, each as
 /// `read_file` with `order=False` and `sync=False` would, queued back to
 /// back on the kept streamers (one per device) so that the worker runs them
@@ -152,48 +168,43 @@ pub(crate) fn read_file_many(
     strategy: &str,
 ) -> PyResult<Vec<PyReport>> {
     reap();
-    let strategy = parse_strategy(strategy)?;
+    parse_strategy(strategy)?;
     let file = mapped(&path)?;
     let mut checked = Vec::with_capacity(pieces.len());
     for (i, offset, length, ptr, nbytes, device, stream, keep) in pieces {
-        let at = |e: PyErr| prefixed(py, i, e);
         if nbytes as u64 != length {
             return Err(err(format!("piece {i}: the destination holds {nbytes} bytes, the range {length}")));
         }
-        let end = offset.checked_add(length).filter(|&e| e <= file.len()).ok_or_else(|| {
-            err(format!(
+        if offset.checked_add(length).is_none_or(|e| e > file.len()) {
+            return Err(err(format!(
                 "piece {i}: range {offset}..{} is outside the file's {} bytes",
                 offset.saturating_add(length),
                 file.len()
-            ))
-        })?;
-        let dev = device_of(ptr, device).map_err(at)?;
-        let streamer = streamer(dev.ordinal(), budget, strategy).map_err(at)?;
-        let after = stream.map(|h| consumer(h, dev)).transpose().map_err(at)?;
-        // SAFETY: as in `FileRead::start`: `ptr .. ptr + nbytes` is device
-        // memory of `dev`, owned by `keep`, which is kept alive (in
-        // `INFLIGHT`) until the transfer has been observed complete; the
-        // package documents that nothing else touches it meanwhile.
-        let view =
-            unsafe { DeviceSliceMut::<u8>::from_raw_parts(ptr as *mut u8, nbytes, dev) }.map_err(|e| at(err(e)))?;
-        checked.push(Piece { range: offset..end, view, dev, streamer, after, keep, index: i });
+            )));
+        }
+        let read = FileRead {
+            path: path.clone(),
+            offset,
+            length,
+            ptr,
+            nbytes,
+            device,
+            keep,
+            budget,
+            strategy,
+            stream,
+            order: false,
+            sync: false,
+        };
+        checked.push((i, read.ready().map_err(|e| prefixed(py, i, e))?));
     }
     let mut reports = Vec::with_capacity(checked.len());
     let mut started = Vec::with_capacity(checked.len());
-    for p in checked {
-        let Piece { range, view, dev, streamer: s, after, keep, index } = p;
-        let length = range.end - range.start;
-        let options = match &after {
-            Some(a) => StartOptions::new().after(a),
-            None => StartOptions::new(),
-        };
-        match py.detach(|| s.start_with(&file, range, view, options)) {
-            Ok(transfer) => {
-                // SAFETY: the transfer borrows the streamer `s` and the view
-                // above, whose memory `keep` owns (see above).
-                let shared = unsafe { inflight::track(transfer, keep, s.clone()) };
-                started.push(shared.clone());
-                reports.push(PyReport::pending(length, dev, shared));
+    for (index, ready) in checked {
+        match ready.start(py, &file) {
+            Ok((report, shared)) => {
+                started.push(shared);
+                reports.push(report);
             }
             Err(e) => {
                 // Nothing of this call is left in flight: the pieces started

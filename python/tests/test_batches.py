@@ -1,7 +1,6 @@
 """wirespeed.batches on the emulated runtime: spans, ordering, the last
 partial batch, errors mid-iteration, leaving early, and what stays pinned."""
 
-import ctypes
 import gc
 import sys
 import threading
@@ -12,14 +11,9 @@ import weakref
 import pytest
 
 import wirespeed
+from helpers import MIB, pattern, raw
 
-KIB, MIB = 1 << 10, 1 << 20
 
-
-def pattern(n, seed=0):
-    """Bytes of period 251 (a prime: a piece in the wrong place shows)."""
-    block = bytes((i * 31 + seed) & 0xFF for i in range(251))
-    return (block * (n // 251 + 1))[:n]
 
 
 @pytest.fixture
@@ -34,12 +28,6 @@ def emulator():
 def counters():
     return wirespeed._native._emulator_counters()
 
-
-def raw(arr):
-    """The bytes of a device array read straight from its memory, with no
-    synchronization at all (the emulator's device memory is host memory):
-    what a consumer would see if the iterator had not waited for them."""
-    return ctypes.string_at(arr.ptr, arr.nbytes)
 
 
 @pytest.fixture

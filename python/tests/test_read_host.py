@@ -5,30 +5,20 @@ afterwards; typed errors. Every check that a copy has or has not happened
 yet holds the emulated streams (no timing)."""
 
 import array
-import ctypes
 import gc
 
 import pytest
 
 import wirespeed
+from helpers import KIB, MIB, pattern, raw
 
-KIB, MIB = 1 << 10, 1 << 20
 WAYS = ["auto", "ring", "whole-file"]
 
-
-def pattern(n, seed=0):
-    block = bytes((i * 31 + seed) & 0xFF for i in range(251))
-    return (block * (n // 251 + 1))[:n]
 
 
 def counters():
     return wirespeed._native._emulator_counters()
 
-
-def raw(arr):
-    """Device memory read with no synchronization at all (the emulator's
-    device memory is host memory)."""
-    return ctypes.string_at(arr.ptr, arr.nbytes)
 
 
 def nothing_pinned():

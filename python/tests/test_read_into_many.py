@@ -3,7 +3,6 @@ in any order and with gaps, chained into one pass when queued in order;
 bad input starts nothing; a failed piece raises once nothing is in flight.
 No assertion depends on the machine's speed."""
 
-import ctypes
 import gc
 import sys
 import threading
@@ -12,14 +11,9 @@ import time
 import pytest
 
 import wirespeed
+from helpers import KIB, MIB, pattern, raw
 
-KIB, MIB = 1 << 10, 1 << 20
 
-
-def pattern(n, seed=0):
-    """Bytes of period 251 (a prime: a piece in the wrong place shows)."""
-    block = bytes((i * 31 + seed) & 0xFF for i in range(251))
-    return (block * (n // 251 + 1))[:n]
 
 
 @pytest.fixture
@@ -40,11 +34,6 @@ def big_file(tmp_path):
     p.write_bytes(data)
     return p, data
 
-
-def raw(arr):
-    """The bytes of a device array read straight from its memory, with no
-    synchronization (the emulator's device memory is host memory)."""
-    return ctypes.string_at(arr.ptr, arr.nbytes)
 
 
 def until(condition):

@@ -717,13 +717,13 @@ impl Ahead<'_> {
     /// ([`Pool::start_next_epoch`]).
     fn start(&self, pool: &mut Pool, order: &PoolOrder, epoch: u64, first: u64) -> Result<()> {
         pool.start_ahead(self.streamer, self.arrays, order, first)?;
-        if first.saturating_add(1) < order.groups() || pool.has_ahead() {
+        if first.saturating_add(1) < order.groups() || !pool.next_epoch_fits(order) {
             return Ok(());
         }
         let epoch = epoch.saturating_add(1);
         // An order that cannot be made fails that epoch's set_epoch, not this batch.
         match PoolOrder::new(self.cut, pool.shape, self.config.seed, epoch, self.config.shuffle) {
-            Ok(next) => pool.start_next_epoch(self.streamer, self.arrays, order, &next, epoch),
+            Ok(next) => pool.start_next_epoch(self.streamer, self.arrays, &next, epoch),
             Err(_) => Ok(()),
         }
     }

@@ -174,37 +174,33 @@ impl Pool {
         Ok(())
     }
 
+    /// Whether the next epoch's first group may start ahead
+    /// ([`Pool::start_next_epoch`]) now that no batch reads any group of the
+    /// current epoch (`order`) but the last: none was started ahead yet,
+    /// every group of this one is started, and their number is even, so
+    /// that the half the next epoch's first group fills (half 0) is the one
+    /// before the last's (with an odd number it is the last's own).
+    pub(crate) fn next_epoch_fits(&self, order: &PoolOrder) -> bool {
+        self.ahead.is_none() && self.next_group >= order.groups() && order.groups().is_multiple_of(2)
+    }
+
     /// Starts the first group of epoch `epoch` (whose order is `next`) ahead,
-    /// once every group of the current epoch (`order`) is started and no
-    /// batch reads any but the last: it streams into the half of the one
-    /// before the last (half 0, the first group's, when the epoch has an
-    /// even number of groups; with an odd number it is that last group's,
-    /// and nothing is started), so that the next epoch's first batches do
-    /// not wait for a pool filled from nothing. [`Pool::reset`] keeps it
-    /// when that epoch starts at its first batch.
+    /// where [`Pool::next_epoch_fits`] allows, so that the next epoch's
+    /// first batches do not wait for a pool filled from nothing.
+    /// [`Pool::reset`] keeps it when that epoch starts at its first batch.
     pub(crate) fn start_next_epoch(
         &mut self,
         streamer: &Streamer,
         arrays: &[Records],
-        order: &PoolOrder,
         next: &PoolOrder,
         epoch: u64,
     ) -> Result<()> {
-        if self.ahead.is_some()
-            || self.next_group < order.groups()
-            || !order.groups().is_multiple_of(2)
-            || next.groups() == 0
-        {
+        if next.groups() == 0 {
             return Ok(());
         }
         self.start(streamer, arrays, next, 0)?;
         self.ahead = Some(epoch);
         Ok(())
-    }
-
-    /// Whether the first group of an epoch after this one was started ahead.
-    pub(crate) fn has_ahead(&self) -> bool {
-        self.ahead.is_some()
     }
 
     /// Starts streaming group `g`'s pieces into its half, in file order (so
