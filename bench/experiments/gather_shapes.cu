@@ -8,8 +8,10 @@
 //
 // Shapes:
 //   library   the library's wirespeed_gather (kernels/gather.cu, included as it
-//             is): a warp per record, 512 bytes a round, launched as the
-//             library launches it (256 threads, up to 4096 blocks)
+//             is, or with -DWARPS=.. -DROUNDS=.. to try its team size and the
+//             rounds a warp loads before it stores), launched as the library
+//             launches it (256 threads, a team of WARPS warps per record, up
+//             to 4096 blocks)
 //   prefetch  the same warp per record, but every round's word loaded before
 //             any is stored (records up to 8 rounds, 4 KiB)
 //   block     a block of 128 threads per record, one 16-byte load a thread a
@@ -133,8 +135,9 @@ int main(int argc, char **argv) {
         if (ms < best) best = ms;
     }
     const double line = (1 << 30) / (best / 1e3) / 1e9;
-    printf("line rate (1 GiB from pinned memory): %.2f GB/s; host memory %zu GiB registered, %zu records of %zu B, batches of %zu\n",
-           line, gib, count, R, B);
+    printf("line rate (1 GiB from pinned memory): %.2f GB/s; host memory %zu GiB registered, %zu records of %zu B, batches of %zu; "
+           "library: WARPS=%d ROUNDS=%d\n",
+           line, gib, count, R, B, WARPS, ROUNDS);
     // Random records, each batch's offsets uploaded once for all shapes.
     std::mt19937_64 rng(7);
     std::vector<u64> offs(B * BATCHES);
@@ -152,7 +155,8 @@ int main(int argc, char **argv) {
             for (size_t b = 0; b < BATCHES; b++) {
                 const u64 *o = doffs + b * B;
                 if (shape == 0) {
-                    unsigned blocks = (unsigned)std::min<u64>((B + 7) / 8, 4096);
+                    const u64 per_block = 8 / WARPS;
+                    unsigned blocks = (unsigned)std::min<u64>((B + per_block - 1) / per_block, 4096);
                     wirespeed_gather<<<blocks, 256, 0, st>>>(out, hd, o, B, R);
                 } else if (shape == 1) {
                     unsigned blocks = (unsigned)std::min<u64>((B + 7) / 8, 4096);

@@ -10,8 +10,9 @@
 // or host memory the device can read (a registered, mapped file range); `dst`
 // and `offsets` are device memory. Records are of any size and alignment.
 //
-// Each warp copies one record at a time (a grid-stride loop over records), in
-// 16-byte chunks aligned in the destination: lane i owns the chunk at
+// A team of WARPS warps copies one record at a time (a grid-stride loop over
+// records), each warp a stretch of whole 512-byte rounds of it, in 16-byte
+// chunks aligned in the destination: lane i owns the chunk at
 // align_down(dst_k, 16) + 16 * i (and 512 bytes on each round), and reads the
 // one aligned 16-byte word of the source where that chunk's bytes start; the
 // bytes after it come from the next lane's word (a shuffle), so every source
@@ -69,7 +70,9 @@ __device__ __forceinline__ void store_within(u64 c, uint4 v, u64 lo, u64 hi) {
 }
 
 // Rounds of a warp (512 bytes each) whose words are loaded before any is stored.
-#define ROUNDS 8
+#ifndef ROUNDS
+#define ROUNDS 2
+#endif
 
 // Copies the `rec` bytes at `s` to `d`, with the lanes of one warp, ROUNDS
 // rounds at a time: every load of those rounds is issued before the first
@@ -118,14 +121,35 @@ __device__ __forceinline__ void copy_record(u64 d, u64 s, u64 rec, unsigned lane
     }
 }
 
+// Warps of the team that copies a record (the launch's block size, 256
+// threads, is a multiple of 32 * WARPS, so a team lies in one block).
+#ifndef WARPS
+#define WARPS 4
+#endif
+
+// Warp `w` of a team's share of the record of `rec` bytes at `s` to `d`: the
+// rounds [T * w / WARPS, T * (w + 1) / WARPS) of the record's T rounds,
+// counted from align_down(d, 16). A share starts at a 16-byte boundary of
+// the destination (or at `d`), so the chunks of every share are the record's
+// own chunks, and every word the share reads holds a byte of the record.
+__device__ __forceinline__ void copy_share(u64 d, u64 s, u64 rec, unsigned w, unsigned lane) {
+    const u64 base = d & ~(u64)15;
+    const u64 rounds = (d + rec - base + 16 * 32 - 1) / (16 * 32);
+    const u64 r0 = rounds * w / WARPS, r1 = rounds * (w + 1) / WARPS;
+    const u64 lo = base + 16 * 32 * r0 > d ? base + 16 * 32 * r0 : d;
+    const u64 hi = base + 16 * 32 * r1 < d + rec ? base + 16 * 32 * r1 : d + rec;
+    if (lo < hi) copy_record(lo, s + (lo - d), hi - lo, lane);
+}
+
 // Record k of the batch is the record at src + offsets[k].
 extern "C" __global__ void __launch_bounds__(256)
 wirespeed_gather(unsigned char *__restrict__ dst, const unsigned char *__restrict__ src,
                  const u64 *__restrict__ offsets, u64 n, u64 rec) {
     const unsigned lane = threadIdx.x & 31;
-    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps)
-        copy_record((u64)dst + k * rec, (u64)src + offsets[k], rec, lane);
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned w = (unsigned)(warp % WARPS);
+    const u64 teams = (((u64)gridDim.x * blockDim.x) >> 5) / WARPS;
+    for (u64 k = warp / WARPS; k < n; k += teams) copy_share((u64)dst + k * rec, (u64)src + offsets[k], rec, w, lane);
 }
 
 // SplitMix64's finalizer, as wirespeed-pinned's `Permutation` mixes.
@@ -168,9 +192,11 @@ wirespeed_gather_perm(unsigned char *__restrict__ dst, const unsigned char *__re
                       u64 first, u64 count, u64 key, u64 bits) {
     const unsigned lane = threadIdx.x & 31;
     const unsigned hi_bits = (unsigned)(bits >> 8), lo_bits = (unsigned)(bits & 0xff);
-    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps) {
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned w = (unsigned)(warp % WARPS);
+    const u64 teams = (((u64)gridDim.x * blockDim.x) >> 5) / WARPS;
+    for (u64 k = warp / WARPS; k < n; k += teams) {
         const u64 r = permute((first + k) % count, count, key, hi_bits, lo_bits);
-        copy_record((u64)dst + k * rec, (u64)src + r * rec, rec, lane);
+        copy_share((u64)dst + k * rec, (u64)src + r * rec, rec, w, lane);
     }
 }

@@ -14,6 +14,15 @@ const ENTRY_PERM: &str = "wirespeed_gather_perm";
 /// Threads of a block (the kernel's launch bound) and the most blocks of a launch.
 const THREADS: u32 = 256;
 const MAX_BLOCKS: u64 = 4096;
+/// Records a block copies at once: the kernel copies each record with a team
+/// of 4 warps (`WARPS` in gather.cu).
+const RECORDS_PER_BLOCK: u64 = THREADS as u64 / 32 / 4;
+
+/// Blocks of a launch gathering `n` records: one team per record, up to
+/// `MAX_BLOCKS` (the kernel loops over the rest).
+fn blocks(n: u64) -> u32 {
+    n.div_ceil(RECORDS_PER_BLOCK).min(MAX_BLOCKS) as u32
+}
 
 /// The gather kernels: by offsets the host wrote, and by a permutation computed on
 /// the device. The loader keeps them: dropping the last handle unloads the
@@ -78,7 +87,6 @@ pub(crate) fn gather<'a>(
             format!("a record at offset {bad} of {rec} bytes runs past the source's {limit} bytes"),
         ));
     }
-    let blocks = n.div_ceil(u64::from(THREADS / 32)).min(MAX_BLOCKS) as u32;
     let args = KernelArgs::new().write(dst);
     let args = match src {
         Source::Device(s) => args.read(s),
@@ -91,7 +99,7 @@ pub(crate) fn gather<'a>(
     // the `rec` bytes of `src` at `offsets[k]` (checked above to lie inside
     // `src`), and the aligned 16-byte words holding them, which lie in the
     // same pages, hence in the same allocation or registration.
-    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks, THREADS), args) }?.detach();
+    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks(n), THREADS), args) }?.detach();
     Ok(())
 }
 
@@ -123,7 +131,6 @@ pub(crate) fn gather_permuted(
         ));
     }
     let (key, bits) = perm.kernel_params();
-    let blocks = n.div_ceil(u64::from(THREADS / 32)).min(MAX_BLOCKS) as u32;
     let args = KernelArgs::new().write(dst);
     let args = match src {
         Source::Device(s) => args.read(s),
@@ -135,6 +142,6 @@ pub(crate) fn gather_permuted(
     // `n * rec` bytes of `dst` (its length, checked) and reads, for each k,
     // the record `perm(..) < count` of `src`, which holds `count * rec` bytes
     // (checked), and the aligned 16-byte words holding it, in the same pages.
-    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks, THREADS), args) }?.detach();
+    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks(n), THREADS), args) }?.detach();
     Ok(())
 }
