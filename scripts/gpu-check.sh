@@ -199,13 +199,24 @@ for stage in "${stages[@]}"; do
     python_env || echo "no wheel: the Python row is skipped"
     timeout 240 .gpu/run.sh shuffle --ways pool,ring --no-torch >"$out/shuffle-32g-file-pool-ring.log" 2>&1
     echo "pool rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-ring.log"
-    grep -E "whole block|ran chained" "$out/shuffle-32g-file-pool-ring.log"
+    grep -E "whole block|ran chained|added up" "$out/shuffle-32g-file-pool-ring.log"
+    # The same streaming without the pool: one range, and 64 MiB pieces in file order, of a
+    # 32 GiB file within the same 4 GiB budget, with their breakdowns.
+    timeout 200 .gpu/run.sh bench --size 32G --budget 4G --only auto --strategy auto/spans=64M --reps 3 \
+      --no-cold >"$out/bench-32g-file-4g-budget-auto-64m-pieces.log" 2>&1
+    echo "32G pieces bench rc=$?"
+    grep -E "GB/s|line rate|in place" "$out/bench-32g-file-4g-budget-auto-64m-pieces.log" | head -24
     ;;
   shapes)
     # Shapes of the gather kernel reading registered host memory (bench/experiments/gather_shapes.cu).
-    nvcc -O3 -arch=sm_90 -o /tmp/gather_shapes bench/experiments/gather_shapes.cu &&
-      timeout 120 /tmp/gather_shapes 8 >"$out/gather-kernel-shapes-registered-8g.log" 2>&1
-    echo "shapes rc=$?"; cat "$out/gather-kernel-shapes-registered-8g.log"
+    # SHAPES lists the library kernel's team sizes and rounds to try (WARPS:ROUNDS);
+    # the first is the checked-in kernel's.
+    for wr in ${SHAPES:-4:2 1:8 4:8 2:4 4:4}; do
+      log="$out/gather-kernel-shapes-registered-8g-warps${wr%:*}-rounds${wr#*:}.log"
+      nvcc -O3 -arch=sm_90 -DWARPS=${wr%:*} -DROUNDS=${wr#*:} -o /tmp/gather_shapes bench/experiments/gather_shapes.cu &&
+        timeout 120 /tmp/gather_shapes 8 >"$log" 2>&1
+      echo "shapes $wr rc=$?"; cat "$log"
+    done
     ;;
   firstpass)
     # Python's batches: the first pass beside the later ones (python/examples/file_batches.py).

@@ -308,6 +308,7 @@ fn measure(a: &Args, dev: &Device, records: &Records, line: f64, spec: Spec) -> 
     let first_gbps = bytes / (s + setup.0) / 1e9;
     let mut rates = Vec::new();
     let mut cpus = Vec::new();
+    let totals0 = loader.streamer().totals();
     for e in 1..=a.reps as u64 {
         if spec.cold {
             drop_cache(records.file());
@@ -318,6 +319,8 @@ fn measure(a: &Args, dev: &Device, records: &Records, line: f64, spec: Spec) -> 
     }
     if let Some((r, chained, transfers)) = loader.pool_report() {
         eprintln!("{}: a whole block's transfer from the middle of an epoch: {r}; {}", spec.name, r.breakdown);
+        let t = loader.streamer().totals().since(&totals0);
+        eprintln!("{}: every pass of the timed epochs, added up: {t}", spec.name);
         let waited = loader.pool_waited_seconds().unwrap_or(0.0);
         let total = setup.0 + s + rates.iter().map(|g| bytes / g / 1e9).sum::<f64>();
         eprintln!(

@@ -241,6 +241,35 @@ impl Streamer {
         }
     }
 
+    /// Where the agents' time went over every pass this streamer ran so far
+    /// (each pass's [`Report::breakdown`] added up, the passes that failed
+    /// left out): the share of the bytes copied in place over a long run of
+    /// transfers, say, which each transfer's own report does not give when
+    /// transfers run chained in one pass (their breakdowns overlap). Take it
+    /// before and after the work and subtract.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-totals-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 1 << 20])?;
+    /// use wirespeed_pinned::*;
+    /// let dev = wirespeed_cuda::Device::get(0)?;
+    /// let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, PinBudget::new(1 << 30)))?;
+    /// // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let mut dst = wirespeed_cuda::DeviceBuffer::<u8>::new(&dev, 1 << 20)?;
+    /// s.to_device(&file, 0..1 << 19, &mut dst.slice_mut(..1 << 19)?)?;
+    /// s.to_device(&file, 1 << 19..1 << 20, &mut dst.slice_mut(1 << 19..)?)?;
+    /// let t = s.totals();
+    /// assert_eq!(t.in_place_bytes + t.ring_bytes, 1 << 20);
+    /// println!("over both passes: {t}");
+    /// # drop(file); std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    pub fn totals(&self) -> Breakdown {
+        *lock(&self.shared.totals)
+    }
+
     /// Drops the cached registrations and the ring (unregistering and freeing
     /// them, returning their bytes to the budget), and what streamers dropped
     /// earlier parked with the budget ([`PinBudget::release_parked`]).

@@ -151,8 +151,31 @@ impl Breakdown {
         (self.ring_bytes > 0 && self.fill_seconds > 0.0).then(|| self.ring_bytes as f64 / self.fill_seconds)
     }
 
-    /// What was counted since `earlier` (a snapshot of the same pass).
-    pub(crate) fn since(&self, earlier: &Breakdown) -> Breakdown {
+    /// Adds `other`'s counts (another pass's) to these.
+    pub(crate) fn add(&mut self, other: &Breakdown) {
+        self.in_place_bytes = self.in_place_bytes.saturating_add(other.in_place_bytes);
+        self.ring_bytes = self.ring_bytes.saturating_add(other.ring_bytes);
+        self.buffered_bytes = self.buffered_bytes.saturating_add(other.buffered_bytes);
+        self.register_seconds += other.register_seconds;
+        self.unregister_seconds += other.unregister_seconds;
+        self.window_wait_seconds += other.window_wait_seconds;
+        self.fill_seconds += other.fill_seconds;
+        self.slot_wait_seconds += other.slot_wait_seconds;
+        self.setup_seconds += other.setup_seconds;
+        self.reserve_threads = self.reserve_threads.saturating_add(other.reserve_threads);
+    }
+
+    /// What was counted since `earlier`: of a pass, since an earlier
+    /// snapshot of it; of [`Streamer::totals`](super::Streamer::totals),
+    /// over the passes run between two calls.
+    ///
+    /// ```
+    /// use wirespeed_pinned::Breakdown;
+    /// let (mut before, mut after) = (Breakdown::default(), Breakdown::default());
+    /// (before.ring_bytes, after.ring_bytes) = (1 << 20, 3 << 20);
+    /// assert_eq!(after.since(&before).ring_bytes, 2 << 20);
+    /// ```
+    pub fn since(&self, earlier: &Breakdown) -> Breakdown {
         Breakdown {
             in_place_bytes: self.in_place_bytes.saturating_sub(earlier.in_place_bytes),
             ring_bytes: self.ring_bytes.saturating_sub(earlier.ring_bytes),

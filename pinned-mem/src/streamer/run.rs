@@ -158,7 +158,11 @@ impl Shared {
         if let Some((id, way)) = held.cold.as_ref().and_then(ColdReads::learned) {
             st.cold.put(id, way);
         }
-        clock.report(&ctx, strategy, windows, sink)
+        let out = clock.report(&ctx, strategy, windows, sink);
+        if let Ok((r, _)) = &out {
+            lock(&self.totals).add(&r.breakdown);
+        }
+        out
     }
 
     /// The strategy a pass runs in place of [`Strategy::WholeFile`] when

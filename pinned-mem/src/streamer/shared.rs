@@ -18,7 +18,7 @@ use super::claims::feeds;
 use super::config::StreamConfig;
 use super::ctx::inside_callback;
 use super::lanes::AgentStreams;
-use super::report::WindowContext;
+use super::report::{Breakdown, WindowContext};
 use super::sink::Verifier;
 use super::stats::{PassStats, Step};
 use crate::error::{Error, Result};
@@ -55,6 +55,9 @@ pub(super) struct Shared {
     /// The second context windows are registered in, made at the first
     /// transfer that registers windows (or why there is none).
     window_context: OnceLock<std::result::Result<Arc<RegistrationContext>, String>>,
+    /// The breakdowns of every pass that ended well, added up
+    /// ([`Streamer::totals`](super::Streamer::totals)).
+    pub(super) totals: Mutex<Breakdown>,
 }
 
 impl Drop for Shared {
@@ -123,6 +126,7 @@ impl Shared {
             owner: Mutex::new(None),
             state: Mutex::new(State::default()),
             window_context: OnceLock::new(),
+            totals: Mutex::new(Breakdown::default()),
         })
     }
 

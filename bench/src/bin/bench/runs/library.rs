@@ -68,7 +68,8 @@ fn transfer(
 /// destination (`Streamer::start`): all started at once (`queued`: the
 /// streamer takes each into the running pass) or each waited for before the
 /// next starts. Answers the first transfer's report with the registrations
-/// of all, the highest peak, and `chained` when every later transfer was.
+/// of all, the highest peak, `chained` when every later transfer was, and the
+/// breakdown of all their passes.
 fn transfer_spans(
     streamer: &Streamer,
     file: &Arc<MappedFile>,
@@ -83,6 +84,7 @@ fn transfer_spans(
     }
     let dev = target.buf.device();
     let base = target.buf.as_raw_ptr();
+    let totals = streamer.totals();
     let mut reports = Vec::new();
     let mut pending = Vec::new();
     let mut failed = None;
@@ -115,6 +117,9 @@ fn transfer_spans(
     first.registrations = reports.iter().map(|r| r.registrations).sum();
     first.peak_pinned = reports.iter().map(|r| r.peak_pinned).max().unwrap_or(0);
     first.chained = reports.len() > 1 && reports[1..].iter().all(|r| r.chained);
+    // The breakdown of every pass the transfers ran in (chained transfers'
+    // own breakdowns overlap).
+    first.breakdown = streamer.totals().since(&totals);
     Ok(first)
 }
 
