@@ -190,7 +190,7 @@ impl Loader {
             after: Event::new(device, EventOptions::default())?,
         };
         let kernels = if way == Way::Ring { None } else { Some(gather::kernels()?) };
-        let store = make_store(way, device, arrays, &config, device_budget, &streamer)?;
+        let store = make_store(way, device, arrays, &config, device_budget, &streamer, cut)?;
         let order = make_order(&store, cut, &config, 0)?;
         let mut stages = Vec::with_capacity(STAGES);
         if way == Way::Pool {
@@ -322,7 +322,10 @@ impl Loader {
 
     /// Resumes at `state` (from [`Loader::state`], of a loader of the same
     /// arrays and configuration): the batches that follow are exactly those an
-    /// uninterrupted run would have handed out from there.
+    /// uninterrupted run would have handed out from there. With
+    /// [`Way::Ring`], what the threads gathered ahead is kept if `state` is
+    /// where it was gathered for (as `set_epoch` to the epoch after the one
+    /// that just ended), else dropped.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the batch is past the epoch's end; a
@@ -334,8 +337,11 @@ impl Loader {
                 format!("batch {} of an epoch of {} batches", state.batch, self.len()),
             ));
         }
-        if let Store::Pool(p) = &mut self.store {
-            p.reset(state.epoch, state.batch)?;
+        match &mut self.store {
+            Store::Pool(p) => p.reset(state.epoch, state.batch)?,
+            // What the ring's threads gathered ahead is kept only if it is what comes next.
+            Store::Ring(r) => r.seek(state.epoch, state.batch),
+            _ => {}
         }
         self.order = make_order(&self.store, self.cut, &self.config, state.epoch)?;
         self.state = state;
@@ -368,6 +374,11 @@ impl Loader {
     /// The gather is enqueued on [`Loader::stream`]; the call waits on the
     /// host only for what the gather needs: the pool's transfers of the
     /// blocks it reads, and a staging buffer of batch `n - 4`'s offsets.
+    /// With [`Way::Ring`], the ring's threads gather the batch after this
+    /// one (and the one after that where their slots hold both; at an
+    /// epoch's end, the next epoch's first) while the caller is elsewhere:
+    /// the call waits for the threads to have filled this batch's slots,
+    /// then enqueues their copies on [`Loader::stream`].
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for the wrong number of destinations, one
@@ -416,11 +427,10 @@ impl Loader {
     }
 
     fn gather_batch(&mut self, b: u64, n: u64, dsts: &mut [DeviceSliceMut<'_, u8>]) -> Result<()> {
-        if matches!(self.store, Store::Ring(_)) {
-            self.fill_records(b);
+        if let Store::Ring(ring) = &mut self.store {
+            return ring.gather(&self.stream, &self.arrays, self.state.epoch, b, dsts);
         }
         let kernels = match (&self.store, &self.kernels) {
-            (Store::Ring(ring), _) => return ring.gather(&self.arrays, &self.records, dsts),
             (_, Some(k)) => k.clone(),
             (_, None) => return Err(Error::invalid("Loader", "no gather kernel")),
         };
@@ -637,6 +647,7 @@ fn make_store(
     config: &LoaderConfig,
     device_budget: u64,
     streamer: &Streamer,
+    cut: Sharding,
 ) -> Result<Store> {
     match way {
         Way::Resident => resident(device, arrays, device_budget, streamer).map(Store::Resident),
@@ -644,7 +655,7 @@ fn make_store(
         Way::Pool => {
             Pool::new(device, arrays, pool_shape(arrays, config, device_budget)?).map(|p| Store::Pool(Box::new(p)))
         }
-        Way::Ring => RingGather::new(device, arrays, config).map(Store::Ring),
+        Way::Ring => RingGather::new(device, arrays, cut, config).map(Store::Ring),
         Way::Auto | Way::Full => Err(Error::invalid("Loader", "the way is resolved before the store is made")),
     }
 }
@@ -735,3 +746,4 @@ fn make_order(store: &Store, cut: Sharding, config: &LoaderConfig, epoch: u64) -
         _ => Order::Full(FullOrder::new(cut, config.seed, epoch, config.shuffle)),
     })
 }
+
