@@ -211,10 +211,12 @@ for stage in "${stages[@]}"; do
     # Shapes of the gather kernel reading registered host memory (bench/experiments/gather_shapes.cu).
     # SHAPES lists the library kernel's team sizes and rounds to try (WARPS:ROUNDS);
     # the first is the checked-in kernel's.
+    # SHAPES_GIB sets the GiB of registered host memory (default 8).
+    gib=${SHAPES_GIB:-8}
     for wr in ${SHAPES:-4:2 1:8 4:8 2:4 4:4}; do
-      log="$out/gather-kernel-shapes-registered-8g-warps${wr%:*}-rounds${wr#*:}.log"
+      log="$out/gather-kernel-shapes-registered-${gib}g-warps${wr%:*}-rounds${wr#*:}.log"
       nvcc -O3 -arch=sm_90 -DWARPS=${wr%:*} -DROUNDS=${wr#*:} -o /tmp/gather_shapes bench/experiments/gather_shapes.cu &&
-        timeout 120 /tmp/gather_shapes 8 >"$log" 2>&1
+        timeout 120 /tmp/gather_shapes $gib >"$log" 2>&1
       echo "shapes $wr rc=$?"; cat "$log"
     done
     ;;

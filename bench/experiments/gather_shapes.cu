@@ -16,6 +16,9 @@
 //             any is stored (records up to 8 rounds, 4 KiB)
 //   block     a block of 128 threads per record, one 16-byte load a thread a
 //             round, bytes stored one by one (the probe's kernel)
+//   perm      the library's wirespeed_gather_perm (the registered way's
+//             kernel): each batch the next 4,096 positions of a permutation of
+//             the records, computed by the kernel, launched as the library does
 //   lib-64reg the library's kernel body held to 64 registers a thread
 //             (__launch_bounds__(256, 4)): more warps resident
 //
@@ -102,6 +105,33 @@ __global__ void gather_block(unsigned char *out, const unsigned char *win, const
     }
 }
 
+// The host's copy of the kernel's permutation (gather.cu's mix and permute),
+// to check the perm shape's bytes.
+static u64 host_mix(u64 x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static u64 host_permute(u64 i, u64 count, u64 key, unsigned hi_bits, unsigned lo_bits) {
+    u64 x = i;
+    do {
+        unsigned a = hi_bits, b = lo_bits;
+        u64 hi = x >> b, lo = x & ((1ull << b) - 1);
+        for (u64 round = 0; round < 4; round++) {
+            const u64 f = host_mix(key ^ ((round + 1) * 0x9e3779b97f4a7c15ull) ^ lo) & ((1ull << a) - 1);
+            const u64 t = lo;
+            lo = hi ^ f;
+            hi = t;
+            const unsigned w = a;
+            a = b;
+            b = w;
+        }
+        x = (hi << b) | lo;
+    } while (x >= count);
+    return x;
+}
+
 int main(int argc, char **argv) {
     const size_t gib = argc > 1 ? atoi(argv[1]) : 8;
     const size_t len = gib << 30, R = 2883, B = 4096, BATCHES = 400;
@@ -148,8 +178,13 @@ int main(int argc, char **argv) {
     CK(cudaMemcpy(doffs, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&out, B * R + 64));
     std::vector<unsigned char> back(B * R);
-    const char *names[] = {"library", "prefetch", "block", "lib-64reg"};
-    for (int shape = 0; shape < 4; shape++) {
+    const char *names[] = {"library", "prefetch", "block", "lib-64reg", "perm"};
+    // The permutation's bits: the fewest covering the record count, split in two halves.
+    unsigned bits_all = 0;
+    while ((1ull << bits_all) < count) bits_all++;
+    const unsigned hi_bits = bits_all / 2, lo_bits = bits_all - bits_all / 2;
+    const u64 key = 0x5eed;
+    for (int shape = 0; shape < 5; shape++) {
         for (int rep = 0; rep < 3; rep++) {
             CK(cudaEventRecord(e0, st));
             for (size_t b = 0; b < BATCHES; b++) {
@@ -163,9 +198,14 @@ int main(int argc, char **argv) {
                     gather_prefetch<<<blocks, 256, 0, st>>>(out, hd, o, B, R);
                 } else if (shape == 2) {
                     gather_block<<<(unsigned)B, 128, 0, st>>>(out, hd, o, R);
-                } else {
+                } else if (shape == 3) {
                     unsigned blocks = (unsigned)std::min<u64>((B + 7) / 8, 4096);
                     gather_lb4<<<blocks, 256, 0, st>>>(out, hd, o, B, R);
+                } else {
+                    const u64 per_block = 8 / WARPS;
+                    unsigned blocks = (unsigned)std::min<u64>((B + per_block - 1) / per_block, 4096);
+                    wirespeed_gather_perm<<<blocks, 256, 0, st>>>(out, hd, B, R, b * B, count, key,
+                                                                  ((u64)hi_bits << 8) | lo_bits);
                 }
             }
             CK(cudaGetLastError());
@@ -177,7 +217,11 @@ int main(int argc, char **argv) {
             CK(cudaMemcpy(back.data(), out, B * R, cudaMemcpyDeviceToHost));
             const u64 *lo = offs.data() + (BATCHES - 1) * B;
             bool ok = true;
-            for (size_t k = 0; k < B && ok; k++) ok = memcmp(back.data() + k * R, h + lo[k], R) == 0;
+            for (size_t k = 0; k < B && ok; k++) {
+                const u64 at = shape == 4 ? host_permute(((BATCHES - 1) * B + k) % count, count, key, hi_bits, lo_bits) * R
+                                          : lo[k];
+                ok = memcmp(back.data() + k * R, h + at, R) == 0;
+            }
             printf("%-9s rep %d: %.2f GB/s = %.3f of the line rate, %.2f M records/s, data %s\n", names[shape], rep, gbs,
                    gbs / line, B * BATCHES / (ms / 1e3) / 1e6, ok ? "ok" : "MISMATCH");
         }

@@ -626,7 +626,8 @@ fn resolve(config: &LoaderConfig, arrays: &[Records], device_budget: u64) -> Way
 /// groups no larger than the pin budget may be: it streams them as `auto`
 /// streams a range larger than the budget (windows and the ring at once),
 /// never registering a group whole to keep it (which pays the registration
-/// of every byte and keeps the budget drawn).
+/// of every byte and keeps the budget drawn), with `auto`'s reserve ring
+/// thread.
 fn pool_streamer(device: &Device, way: Way, config: &LoaderConfig) -> Result<Streamer> {
     let auto = Streamer::new(&[*device], StreamConfig::new(Strategy::Auto, config.pin_budget.clone()))?;
     if way != Way::Pool {
@@ -637,7 +638,10 @@ fn pool_streamer(device: &Device, way: Way, config: &LoaderConfig) -> Result<Str
         return Ok(auto);
     }
     drop(auto);
-    Streamer::new(&[*device], StreamConfig::new(plan, config.pin_budget.clone()))
+    let mut stream_config = StreamConfig::new(plan, config.pin_budget.clone());
+    // `auto`'s plan, so `auto`'s reserve ring thread too.
+    stream_config.planned_by_auto = true;
+    Streamer::new(&[*device], stream_config)
 }
 
 fn make_store(
@@ -747,3 +751,20 @@ fn make_order(store: &Store, cut: Sharding, config: &LoaderConfig, epoch: u64) -
     })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PinBudget;
+
+    #[test]
+    fn the_pools_streamer_runs_autos_plan_with_its_reserve() {
+        wirespeed_cuda::sys::emulator::install().expect("the emulated runtime");
+        let dev = Device::get(0).expect("a device");
+        let config = LoaderConfig::new(16).pin_budget(PinBudget::new(256 << 20));
+        let pool = pool_streamer(&dev, Way::Pool, &config).expect("a streamer");
+        assert!(matches!(pool.config().strategy, Strategy::Hybrid { .. }), "{:?}", pool.config().strategy);
+        assert!(pool.config().planned_by_auto);
+        let other = pool_streamer(&dev, Way::Registered, &config).expect("a streamer");
+        assert!(matches!(other.config().strategy, Strategy::Auto) && !other.config().planned_by_auto);
+    }
+}

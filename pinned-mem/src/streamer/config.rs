@@ -78,6 +78,10 @@ pub struct StreamConfig {
     /// over its ring threads' time. Not a number (NaN) is refused by
     /// [`Streamer::new`](super::Streamer::new).
     pub reserve_room: f64,
+    /// `strategy` is what [`Strategy::Auto`] resolved to, named by the
+    /// library on the caller's behalf (the shuffle pool's streamer): its
+    /// hybrid keeps the reserve as `Auto`'s does.
+    pub(crate) planned_by_auto: bool,
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -115,6 +119,7 @@ impl StreamConfig {
             copy_streams: CopyStreams::One,
             reserve_threads: 1,
             reserve_room: 0.10,
+            planned_by_auto: false,
         }
     }
 

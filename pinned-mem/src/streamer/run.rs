@@ -265,7 +265,7 @@ impl Shared {
     /// ring threads in reserve; a strategy given explicitly runs exactly its
     /// threads.
     fn reserve(&self, strategy: Strategy) -> Reserve {
-        let auto = matches!(self.config.strategy.normalized(), Ok(Strategy::Auto));
+        let auto = self.config.planned_by_auto || matches!(self.config.strategy.normalized(), Ok(Strategy::Auto));
         let threads = match strategy {
             Strategy::Hybrid { .. } if auto => self.config.reserve_threads,
             _ => 0,
