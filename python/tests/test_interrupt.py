@@ -174,7 +174,11 @@ def test_ctrl_c_during_read_into_from_host(held, strategy):
 # "waiting" once the main thread is inside the iterator's wait, where it
 # stays: the parent's SIGINT comes then, whenever that is.
 CHILD = r"""
-import json, sys, threading, time
+import json, signal, sys, threading, time
+# Python leaves SIGINT ignored where it started so (a child of a job started in
+# the background by a shell without job control, as CI may be): Ctrl-C's own
+# handler, whatever the parent's.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import wirespeed
 wirespeed._use_emulator()
 n, kept = 0, []
