@@ -46,7 +46,7 @@ __device__ __forceinline__ void copy_record_prefetch(u64 d, u64 s, u64 rec, unsi
     const unsigned m = (unsigned)(delta & 15);
     const u64 c0 = d & ~(u64)15;
     const unsigned rounds = (unsigned)((d_end - c0 + 511) / 512);
-    if (rounds > MAXR) { copy_record(d, s, rec, lane); return; }
+    if (rounds > MAXR) { copy_record<8>(d, s, rec, lane); return; }
     uint4 w[MAXR];
 #pragma unroll
     for (int r = 0; r < MAXR; r++)
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(256, 4) gather_lb4(unsigned char *dst, const u
     const unsigned lane = threadIdx.x & 31;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 k = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += warps)
-        copy_record((u64)dst + k * rec, (u64)src + offsets[k], rec, lane);
+        copy_record<ROUNDS>((u64)dst + k * rec, (u64)src + offsets[k], rec, lane);
 }
 
 __global__ void gather_block(unsigned char *out, const unsigned char *win, const u64 *offsets, u64 rec) {

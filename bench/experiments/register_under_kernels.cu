@@ -77,7 +77,7 @@ int main() {
                     work += 1;
                     continue;
                 }
-                wirespeed_gather<<<(unsigned)((B + 7) / 8), 256, 0, st>>>(out, pool, offs + (k++ % nb) * B, B, R);
+                wirespeed_gather_dev<<<(unsigned)((B + 7) / 8), 256, 0, st>>>(out, pool, offs + (k++ % nb) * B, B, R);
                 CK(cudaGetLastError());
                 work += 1;
                 if (mode == 2) { CK(cudaStreamSynchronize(st)); std::this_thread::sleep_for(std::chrono::microseconds(2000)); }

@@ -1697,6 +1697,8 @@ static void gather_perm_run(const uint64_t *p) {
 static const kernel_def k_kernels[] = {
     {"wirespeed_gather", 5, gather_check_locked, gather_run},
     {"wirespeed_gather_perm", 8, gather_perm_check_locked, gather_perm_run},
+    {"wirespeed_gather_dev", 5, gather_check_locked, gather_run},
+    {"wirespeed_gather_perm_dev", 8, gather_perm_check_locked, gather_perm_run},
 };
 #define NKERNELS (sizeof k_kernels / sizeof k_kernels[0])
 

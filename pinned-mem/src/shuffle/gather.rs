@@ -9,34 +9,63 @@ use crate::error::{Error, Result};
 /// The kernel's PTX, built by `scripts/gen-ptx.py` (CUDA 12.0's ISA, so that
 /// every supported driver loads it).
 pub(crate) const GATHER_PTX: &str = include_str!("../../kernels/gather.ptx");
-const ENTRY: &str = "wirespeed_gather";
-const ENTRY_PERM: &str = "wirespeed_gather_perm";
-/// Threads of a block (the kernel's launch bound) and the most blocks of a launch.
+/// Threads of a block (the kernels' launch bound) and the most blocks of a launch.
 const THREADS: u32 = 256;
 const MAX_BLOCKS: u64 = 4096;
-/// Records a block copies at once: the kernel copies each record with a team
-/// of 4 warps (`WARPS` in gather.cu).
-const RECORDS_PER_BLOCK: u64 = THREADS as u64 / 32 / 4;
 
-/// Blocks of a launch gathering `n` records: one team per record, up to
-/// `MAX_BLOCKS` (the kernel loops over the rest).
-fn blocks(n: u64) -> u32 {
-    n.div_ceil(RECORDS_PER_BLOCK).min(MAX_BLOCKS) as u32
+/// The gather kernels of one kind of source: by offsets the host wrote, and
+/// by a permutation computed on the device; and how many records a block of
+/// them copies at once (each record is copied by a team of `256 / 32 /
+/// records_per_block` warps, `WARPS` in gather.cu for host memory, one warp
+/// for device memory).
+#[derive(Clone)]
+pub(crate) struct Pair {
+    by_offsets: Kernel,
+    by_permutation: Kernel,
+    records_per_block: u64,
 }
 
-/// The gather kernels: by offsets the host wrote, and by a permutation computed on
-/// the device. The loader keeps them: dropping the last handle unloads the
-/// library once its launches have completed.
+impl Pair {
+    /// Blocks of a launch gathering `n` records: one team per record, up to
+    /// `MAX_BLOCKS` (the kernel loops over the rest).
+    fn blocks(&self, n: u64) -> u32 {
+        n.div_ceil(self.records_per_block).min(MAX_BLOCKS) as u32
+    }
+}
+
+/// The gather kernels, for host sources and for device sources. The loader
+/// keeps them: dropping the last handle unloads the library once its
+/// launches have completed.
 #[derive(Clone)]
 pub(crate) struct Kernels {
-    pub(crate) by_offsets: Kernel,
-    pub(crate) by_permutation: Kernel,
+    host: Pair,
+    device: Pair,
+}
+
+impl Kernels {
+    fn of(&self, src: &Source<'_>) -> &Pair {
+        match src {
+            Source::Device(_) => &self.device,
+            Source::Host(_) => &self.host,
+        }
+    }
 }
 
 /// Loads the gather kernels.
 pub(crate) fn kernels() -> Result<Kernels> {
     let lib = Library::load_ptx(GATHER_PTX)?;
-    Ok(Kernels { by_offsets: lib.kernel(ENTRY)?, by_permutation: lib.kernel(ENTRY_PERM)? })
+    Ok(Kernels {
+        host: Pair {
+            by_offsets: lib.kernel("wirespeed_gather")?,
+            by_permutation: lib.kernel("wirespeed_gather_perm")?,
+            records_per_block: 2,
+        },
+        device: Pair {
+            by_offsets: lib.kernel("wirespeed_gather_dev")?,
+            by_permutation: lib.kernel("wirespeed_gather_perm_dev")?,
+            records_per_block: 8,
+        },
+    })
 }
 
 /// Where a batch's records are read: device memory, or host memory the
@@ -62,7 +91,7 @@ impl Source<'_> {
 /// outside `src`, `offsets` and `dst`.
 pub(crate) fn gather<'a>(
     stream: &'a Stream,
-    kernel: &Kernel,
+    kernels: &Kernels,
     dst: &'a mut DeviceSliceMut<'_, u8>,
     src: &'a Source<'_>,
     offsets: (&'a PinnedSlice<'_, u64>, &[u64]),
@@ -93,13 +122,14 @@ pub(crate) fn gather<'a>(
         Source::Host(s) => args.read_host(s),
     };
     let args = args.read_host(offsets).value(n).value(rec);
-    // SAFETY: wirespeed_gather(dst, src, offsets, n, rec) takes these five
+    let pair = kernels.of(src);
+    // SAFETY: wirespeed_gather(_dev)(dst, src, offsets, n, rec) takes these five
     // 8-byte parameters in this order; it writes the `n * rec` bytes of `dst`
     // (checked to be its length) and reads `offsets[..n]` and, for each k,
     // the `rec` bytes of `src` at `offsets[k]` (checked above to lie inside
     // `src`), and the aligned 16-byte words holding them, which lie in the
     // same pages, hence in the same allocation or registration.
-    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks(n), THREADS), args) }?.detach();
+    unsafe { stream.launch(&pair.by_offsets, LaunchConfig::linear(pair.blocks(n), THREADS), args) }?.detach();
     Ok(())
 }
 
@@ -110,7 +140,7 @@ pub(crate) fn gather<'a>(
 /// length is checked here.
 pub(crate) fn gather_permuted(
     stream: &Stream,
-    kernel: &Kernel,
+    kernels: &Kernels,
     dst: &mut DeviceSliceMut<'_, u8>,
     src: &Source<'_>,
     positions: std::ops::Range<u64>,
@@ -137,11 +167,12 @@ pub(crate) fn gather_permuted(
         Source::Host(s) => args.read_host(s),
     };
     let args = args.value(n).value(rec).value(positions.start).value(count).value(key).value(bits);
-    // SAFETY: wirespeed_gather_perm(dst, src, n, rec, first, count, key,
-    // bits) takes these eight 8-byte parameters in this order; it writes the
+    let pair = kernels.of(src);
+    // SAFETY: wirespeed_gather_perm(_dev)(dst, src, n, rec, first, count,
+    // key, bits) take these eight 8-byte parameters in this order; it writes the
     // `n * rec` bytes of `dst` (its length, checked) and reads, for each k,
     // the record `perm(..) < count` of `src`, which holds `count * rec` bytes
     // (checked), and the aligned 16-byte words holding it, in the same pages.
-    unsafe { stream.launch(kernel, LaunchConfig::linear(blocks(n), THREADS), args) }?.detach();
+    unsafe { stream.launch(&pair.by_permutation, LaunchConfig::linear(pair.blocks(n), THREADS), args) }?.detach();
     Ok(())
 }

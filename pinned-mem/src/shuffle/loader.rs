@@ -458,15 +458,7 @@ impl Loader {
                 _ => return Err(Error::invalid("Loader", "a store without records in place")),
             };
             let mut dst = dst.slice_mut(..(n * rec) as usize)?;
-            gather::gather_permuted(
-                &self.stream,
-                &kernels.by_permutation,
-                &mut dst,
-                &src,
-                first..first + n,
-                &perm,
-                rec,
-            )?;
+            gather::gather_permuted(&self.stream, &kernels, &mut dst, &src, first..first + n, &perm, rec)?;
         }
         Ok(())
     }
@@ -508,14 +500,7 @@ impl Loader {
                 let mut part = dst.slice_mut((run.start * rec as usize)..(run.end * rec as usize))?;
                 let src = Source::Device(pool.source(i, half)?);
                 let offsets = stage.host[i].slice(run.clone())?;
-                gather::gather(
-                    &self.stream,
-                    &kernels.by_offsets,
-                    &mut part,
-                    &src,
-                    (&offsets, &self.offsets[run.clone()]),
-                    rec,
-                )?;
+                gather::gather(&self.stream, kernels, &mut part, &src, (&offsets, &self.offsets[run.clone()]), rec)?;
             }
         }
         Ok(())
