@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--way", default="pool")
     ap.add_argument("--budget", type=int, default=4 << 30)
     ap.add_argument("--device-budget", type=int, default=None)
-    ap.add_argument("--block", type=int, default=64 << 20)
+    ap.add_argument("--block", type=int, default=256 << 20)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--line", type=float, default=0.0)
     a = ap.parse_args()

@@ -13,7 +13,7 @@ from ._native import Error
 DEFAULT_LOADER_BUDGET = 4 << 30
 """The default pin budget of a :class:`Loader`: bytes it may keep pinned."""
 
-DEFAULT_BLOCK = 64 << 20
+DEFAULT_BLOCK = 256 << 20
 """Bytes of a block of the pool (:class:`Loader` with ``shuffle="pool"``)."""
 
 _NPY_MAGIC = b"\x93NUMPY"

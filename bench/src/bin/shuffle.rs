@@ -50,7 +50,7 @@ struct Args {
     #[arg(long, value_name = "BYTES", default_value = "8G", value_parser = parse_size)]
     pool: u64,
     /// Bytes of a pool block
-    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
+    #[arg(long, value_name = "BYTES", default_value = "256M", value_parser = parse_size)]
     block: u64,
     /// Epochs timed per row
     #[arg(long, default_value = "5", value_parser = parse_count)]
