@@ -105,33 +105,6 @@ __global__ void gather_block(unsigned char *out, const unsigned char *win, const
     }
 }
 
-// The host's copy of the kernel's permutation (gather.cu's mix and permute),
-// to check the perm shape's bytes.
-static u64 host_mix(u64 x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-static u64 host_permute(u64 i, u64 count, u64 key, unsigned hi_bits, unsigned lo_bits) {
-    u64 x = i;
-    do {
-        unsigned a = hi_bits, b = lo_bits;
-        u64 hi = x >> b, lo = x & ((1ull << b) - 1);
-        for (u64 round = 0; round < 4; round++) {
-            const u64 f = host_mix(key ^ ((round + 1) * 0x9e3779b97f4a7c15ull) ^ lo) & ((1ull << a) - 1);
-            const u64 t = lo;
-            lo = hi ^ f;
-            hi = t;
-            const unsigned w = a;
-            a = b;
-            b = w;
-        }
-        x = (hi << b) | lo;
-    } while (x >= count);
-    return x;
-}
-
 int main(int argc, char **argv) {
     const size_t gib = argc > 1 ? atoi(argv[1]) : 8;
     const size_t len = gib << 30, R = 2883, B = 4096, BATCHES = 400;
@@ -218,7 +191,7 @@ int main(int argc, char **argv) {
             const u64 *lo = offs.data() + (BATCHES - 1) * B;
             bool ok = true;
             for (size_t k = 0; k < B && ok; k++) {
-                const u64 at = shape == 4 ? host_permute(((BATCHES - 1) * B + k) % count, count, key, hi_bits, lo_bits) * R
+                const u64 at = shape == 4 ? permute(((BATCHES - 1) * B + k) % count, count, key, hi_bits, lo_bits) * R
                                           : lo[k];
                 ok = memcmp(back.data() + k * R, h + at, R) == 0;
             }

@@ -172,7 +172,7 @@ wirespeed_gather_dev(unsigned char *__restrict__ dst, const unsigned char *__res
 }
 
 // SplitMix64's finalizer, as wirespeed-pinned's `Permutation` mixes.
-__device__ __forceinline__ u64 mix(u64 x) {
+__host__ __device__ __forceinline__ u64 mix(u64 x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -182,8 +182,9 @@ __device__ __forceinline__ u64 mix(u64 x) {
 // Element i of the permutation of 0..count that `key` selects: a Feistel
 // network of four rounds over hi_bits + lo_bits bits, walked until it lands
 // below `count`; exactly `Permutation::at` of wirespeed-pinned. With no bits
-// it is the identity.
-__device__ __forceinline__ u64 permute(u64 i, u64 count, u64 key, unsigned hi_bits, unsigned lo_bits) {
+// it is the identity. (On the host too: the shapes experiment checks the
+// bytes of a permuted batch with it.)
+__host__ __device__ __forceinline__ u64 permute(u64 i, u64 count, u64 key, unsigned hi_bits, unsigned lo_bits) {
     if (hi_bits + lo_bits == 0) return i;
     u64 x = i;
     do {
