@@ -27,6 +27,11 @@
 #   firstpass Python's batches, first pass beside the later ones
 #   regload   registering in a second context while gathers or copies run (an experiment; needs nvcc)
 #   cpugather threads gathering random records of a page-cached file, with and without prefetch
+#   poolring  the pool twice (default blocks) and the ring way with 8, 12 and 16 threads (32 GiB
+#             file), the pool from Python too
+#   hostrows  Python's read_into from host arrays (rows.py: 32 rows of 80 MiB, 1024 of 2.5 MiB)
+#   cold      a 4 GiB file cold and hot: auto, the disk's O_DIRECT rate and KvikIO in one run
+#             (KvikIO's wheels, where carried in .gpu/kvikio, installed first)
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
 #             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
 #             rows through the ring beside PyTorch's, and Python's batches and read_into
@@ -239,6 +244,30 @@ for stage in "${stages[@]}"; do
     # prefetching (bench/examples/cpu_gather.rs).
     timeout 120 .gpu/bin/cpu_gather "$(file16g)" >"$out/cpu-gather-records-prefetch.log" 2>&1
     echo "cpu_gather rc=$?"; cat "$out/cpu-gather-records-prefetch.log"
+    ;;
+  poolring)
+    python_env || echo "no wheel: the Python rows are skipped"
+    timeout 300 .gpu/run.sh shuffle --ways pool,ring,ring:12,ring:16,pool --no-torch --json "$out/shuffle-32g.json" \
+      >"$out/shuffle-32g-file-pool-twice-ring-threads.log" 2>&1
+    echo "pool/ring rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-twice-ring-threads.log"
+    grep -E "whole block|ran chained|added up" "$out/shuffle-32g-file-pool-twice-ring-threads.log"
+    ;;
+  hostrows)
+    python_env || { echo "no wheel"; continue; }
+    timeout 100 python3 python/examples/rows.py --rows 32 --row-mib 80 >"$out/python-rows-80m-read-into-from-host-prepared.log" 2>&1
+    echo "rows.py 80 MiB rc=$?"; tail -7 "$out/python-rows-80m-read-into-from-host-prepared.log"
+    timeout 100 python3 python/examples/rows.py >"$out/python-rows-2m5-read-into-from-host-prepared.log" 2>&1
+    echo "rows.py 2.5 MiB rc=$?"; tail -7 "$out/python-rows-2m5-read-into-from-host-prepared.log"
+    ;;
+  cold)
+    if ls .gpu/kvikio/*.whl >/dev/null 2>&1 && [ ! -d /tmp/kvikio-site ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kvikio-site .gpu/kvikio/*.whl
+    fi
+    [ -d /tmp/kvikio-site ] && export PYTHONPATH=/tmp/kvikio-site${PYTHONPATH:+:$PYTHONPATH}
+    timeout 300 .gpu/run.sh bench --size 4G --budget 512M --only auto,kvikio,disk-direct,cold-auto --reps 3 \
+      >"$out/bench-4g-file-cold-hot-auto-kvikio.log" 2>&1
+    echo "cold bench rc=$?"
+    grep -E "GB/s|line rate|PASS|MISS|KvikIO" "$out/bench-4g-file-cold-hot-auto-kvikio.log" | grep -v "rep " | head -24
     ;;
   *) echo "unknown stage $stage" ;;
   esac

@@ -27,8 +27,19 @@ use crate::inflight::{SLICE, Waiting};
 
 /// The most threads filling a device's ring.
 const MAX_THREADS: usize = 8;
-/// Slots of the ring per thread: one filled while the other is copied.
-const SLOTS_PER_THREAD: usize = 2;
+/// Slots of the ring per thread where the budget holds that many of
+/// [`MAX_SLOT`]: a thread's filled slots wait for the copy engine while it
+/// fills the next.
+const SLOTS_PER_THREAD: usize = 4;
+/// Slots of the ring per thread on a smaller budget: one filled while the
+/// other is copied.
+const FEWEST_SLOTS_PER_THREAD: usize = 2;
+/// Pieces per thread a source is cut into where they stay at least
+/// [`BALANCED_PIECE`]: the threads then finish a source close together.
+const PIECES_PER_THREAD: usize = 4;
+/// The smallest piece cut for balance (a copy that size still runs near the
+/// copy engine's rate).
+const BALANCED_PIECE: usize = 1 << 20;
 /// The largest slot (a piece a thread fills at once stays in its cache).
 const MAX_SLOT: usize = 4 << 20;
 /// The smallest slot, and the smallest piece a source is cut into.
@@ -44,16 +55,19 @@ pub(crate) struct Shape {
 
 impl Shape {
     /// The ring for a pin budget of `budget` bytes: [`SLOTS_PER_THREAD`]
-    /// slots per thread, each as large as the budget allows (a page of it
-    /// kept for a slot's alignment) up to [`MAX_SLOT`]; fewer slots of
-    /// [`MIN_PIECE`] where the budget is smaller.
+    /// slots of [`MAX_SLOT`] per thread where the budget holds them (a page
+    /// of each kept for its alignment), else [`FEWEST_SLOTS_PER_THREAD`]
+    /// slots per thread, each as large as the budget allows; fewer slots of
+    /// [`MIN_PIECE`] where the budget is smaller still.
     ///
     /// # Errors
     /// A budget without room for two slots of [`MIN_PIECE`].
     pub(crate) fn for_budget(budget: u64) -> Result<Shape, String> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_THREADS);
         let page = page_size();
-        let slots = SLOTS_PER_THREAD * threads;
+        let most = (SLOTS_PER_THREAD * threads) as u64 * (MAX_SLOT + page) as u64;
+        let per_thread = if budget >= most { SLOTS_PER_THREAD } else { FEWEST_SLOTS_PER_THREAD };
+        let slots = per_thread * threads;
         let per = usize::try_from(budget / slots as u64).unwrap_or(usize::MAX);
         let slot = (per.saturating_sub(page) / page * page).min(MAX_SLOT);
         if slot >= MIN_PIECE {
@@ -69,11 +83,15 @@ impl Shape {
         Ok(Shape { slots, slot: MIN_PIECE, threads: threads.min(slots) })
     }
 
-    /// The pieces a source of `len` bytes is cut into: (piece bytes, pieces).
+    /// The pieces a source of `len` bytes is cut into: (piece bytes,
+    /// pieces). [`PIECES_PER_THREAD`] pieces per thread where those are at
+    /// least [`BALANCED_PIECE`] (else as large, or an equal share per
+    /// thread if smaller), whole pages, between [`MIN_PIECE`] and a slot.
     fn pieces(&self, len: usize) -> (usize, usize) {
         let page = page_size();
-        let share = len.div_ceil(self.threads).div_ceil(page) * page;
-        let piece = share.clamp(MIN_PIECE, self.slot);
+        let balanced = len.div_ceil(PIECES_PER_THREAD * self.threads);
+        let share = balanced.max(BALANCED_PIECE.min(len.div_ceil(self.threads)));
+        let piece = (share.div_ceil(page) * page).clamp(MIN_PIECE, self.slot);
         (piece, len.div_ceil(piece))
     }
 }

@@ -18,8 +18,8 @@
 //!   `read_file_many` starts many pieces of one file back to back, so that
 //!   the streamer runs them as one pass;
 //! * [`mod@read_host`]: host memory (any buffer) into device memory, through
-//!   [`host_ring`], a pinned ring per device filled by a pool of threads, or
-//!   registered in place;
+//!   [`host_ring`], a pinned ring per device filled by a pool of threads
+//!   (made ahead by `_prepare_host`), or registered in place;
 //! * [`registration`]: `_Registration`, a host buffer registered in place
 //!   (`cudaHostRegister`);
 //! * [`device_array`]: `_DeviceArray`, device memory owned by the library, or
@@ -77,6 +77,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_file::read_file_many, m)?)?;
     m.add_function(wrap_pyfunction!(streamers::_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(read_host::read_host, m)?)?;
+    m.add_function(wrap_pyfunction!(read_host::_prepare_host, m)?)?;
     m.add_function(wrap_pyfunction!(held::release, m)?)?;
     m.add_function(wrap_pyfunction!(inflight::drain, m)?)?;
     m.add_function(wrap_pyfunction!(inflight::_reap, m)?)?;

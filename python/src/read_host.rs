@@ -144,6 +144,19 @@ pub(crate) fn read_host(
     }
 }
 
+/// Makes now what a first `read_host` with (`device`, `budget`, `strategy`)
+/// would make: the device's pinned ring and its threads (`auto` and `ring`;
+/// `whole-file` registers each source per call, so there is nothing to make
+/// ahead). Answers the bytes the ring pins (0 for `whole-file`).
+#[pyfunction]
+pub(crate) fn _prepare_host(py: Python<'_>, device: usize, budget: u64, strategy: &str) -> PyResult<u64> {
+    let dev = Device::get(device).map_err(err)?;
+    match way(strategy)? {
+        Way::Ring => Ok(host_ring::ring(py, dev, budget)?.pinned_bytes()),
+        Way::InPlace => Ok(0),
+    }
+}
+
 /// The source through the device's pinned ring.
 fn through_ring(py: Python<'_>, read: HostRead, budget: u64, sync: bool) -> PyResult<PyReport> {
     let ring = host_ring::ring(py, read.dev, budget)?;

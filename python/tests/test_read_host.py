@@ -45,7 +45,7 @@ def clean():
         (100, 3),  # less than a page, not aligned
         (4096, 0),
         (3 * MIB + 12345, 7),  # several pieces, unaligned start and length
-        (24 * MIB + 1, 4095),  # more pieces than the ring has slots: slots are reused
+        (40 * MIB + 1, 4095),  # more pieces than the ring has slots: slots are reused
     ],
 )
 def test_data_arrives(clean, strategy, size, offset):

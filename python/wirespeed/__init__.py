@@ -8,6 +8,8 @@ both), never through a fresh ``pin_memory()`` copy per batch.
   a CUDA tensor you own, ordered on your current stream.
 * :func:`read_into_many` - many pieces of one file into CUDA tensors, queued
   together so that they stream as one pass, then ordered on your streams.
+* :func:`prepare` - pays a first :func:`read_into`'s setup (its pinned ring,
+  registration context or registration) ahead of it.
 * :func:`batches` - an iterator of CUDA tensors over a file, streamed in
   long transfers of many batches (spans), the next ones streaming while you
   compute.
@@ -41,6 +43,7 @@ __all__ = [
     "Report",
     "read_into",
     "read_into_many",
+    "prepare",
     "batches",
     "Batches",
     "Loader",
@@ -324,6 +327,61 @@ def read_into(
     return _native.read_host(mv[offset:end], ptr, nbytes, device, stream, budget, strategy, dst, sync)
 
 
+def prepare(
+    src: Union[str, "os.PathLike[str]", Any, None] = None,
+    offset: int = 0,
+    length: Optional[int] = None,
+    *,
+    device: int = 0,
+    budget: int = DEFAULT_BUDGET,
+    strategy: str = "auto",
+) -> None:
+    """Makes ready now what a first :func:`read_into` from ``src`` with the
+    same ``device``, ``budget`` and ``strategy`` would make, so that the
+    first call runs as later ones do.
+
+    For a path or an ``np.memmap`` (a file range of ``length`` bytes from
+    ``offset``, by default the rest of the file): the kept streamer, the
+    file's mapping, the streamer's pinned ring and registration context for
+    that length, and, where the range is read from the whole file registered
+    (it fits ``budget``), that registration. For a host array, or ``None``:
+    the device's pinned ring for host sources and its threads (for
+    ``strategy="whole-file"`` there is nothing to make: each call registers
+    its source). :func:`release` frees what this made.
+
+    >>> import wirespeed
+    >>> wirespeed.prepare()  # the pinned ring a CPU tensor is copied through
+    >>> wirespeed.pinned_bytes() > 0
+    True
+    >>> wirespeed.release()
+    """
+    _ensure_runtime()
+    if isinstance(src, (str, os.PathLike)) or _is_memmap(src):
+        path, start, total = _file_range(src, offset, length)
+        _prepare_file(path, start, total, total, device, budget, strategy)
+    else:
+        _native._prepare_host(device, budget, strategy)
+
+
+def _prepare_file(path: str, start: int, span: int, total: int, device: int, budget: int, strategy: str) -> None:
+    """Makes the kept streamer of (``device``, ``budget``, ``strategy``)
+    ready for transfers of ``span`` bytes of ``path`` (its ring and
+    registration context); where those run from the whole file registered,
+    registers it by a read of one page at ``start`` (of a range of ``total``
+    bytes)."""
+    if span <= 0:
+        return
+    whole = _native._prepare(path, span, device, budget, strategy)
+    if whole:
+        n = min(mmap.PAGESIZE, total)
+        page = _DeviceArray(n, device)
+        _native.read_file(path, start, n, page.ptr, n, device, None, budget, strategy, page, True, False)
+        # Freed now, not while transfers stream (freeing device memory waits
+        # for the device, as cudaFree does).
+        del page
+        _native._reap()
+
+
 # ----------------------------------------------------------------- batches
 
 DEFAULT_SPAN = 1 << 30
@@ -515,18 +573,7 @@ class Batches:
         if not self._spans:
             return
         span = max(n for _, n, _ in self._spans)
-        whole = _native._prepare(self._path, span, self._device, self._budget, self._strategy)
-        if whole:
-            n = min(mmap.PAGESIZE, self._total)
-            page = _DeviceArray(n, self._device)
-            _native.read_file(
-                self._path, self._start, n, page.ptr, n, self._device, None,
-                self._budget, self._strategy, page, True, False,
-            )
-            # Freed now, not while spans stream (freeing device memory
-            # waits for the device, as cudaFree does).
-            del page
-            _native._reap()
+        _prepare_file(self._path, self._start, span, self._total, self._device, self._budget, self._strategy)
 
     def _reserve(self) -> None:
         """With torch, allocates now the device memory of the spans alive at

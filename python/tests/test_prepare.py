@@ -1,0 +1,103 @@
+"""wirespeed.prepare on the emulated runtime: what a first read_into would
+make is made ahead (the pinned ring for host sources; a file's streamer, its
+ring and, for a file within the budget, its registration), the first
+read_into then makes nothing, and release() frees it all."""
+
+import doctest
+
+import pytest
+
+import wirespeed
+from helpers import MIB, pattern
+
+
+def counters():
+    return wirespeed._native._emulator_counters()
+
+
+@pytest.fixture
+def clean():
+    wirespeed.release()
+    yield
+    wirespeed._native._emulator_reset()
+    wirespeed.release()
+    c = counters()
+    assert (wirespeed.pinned_bytes(), c["registrations"], c["pinned_allocs"]) == (0, 0, 0)
+
+
+def test_the_host_ring_is_made_ahead(clean):
+    wirespeed.prepare()
+    pinned, allocs = wirespeed.pinned_bytes(), counters()["pinned_allocs"]
+    assert pinned > 0 and allocs > 0
+    src = bytearray(pattern(3 * MIB + 17))
+    dst = wirespeed._DeviceArray(len(src))
+    r = wirespeed.read_into(dst, src, sync=True)
+    assert dst.to_bytes() == bytes(src) and "pinned ring" in r.strategy
+    # The first call used the ring made ahead: nothing pinned anew.
+    assert wirespeed.pinned_bytes() == pinned and counters()["pinned_allocs"] == allocs
+
+
+def test_a_host_array_prepares_the_same_ring(clean):
+    wirespeed.prepare(bytearray(10))
+    once = wirespeed.pinned_bytes()
+    wirespeed.prepare()  # the same device and budget: kept
+    assert wirespeed.pinned_bytes() == once > 0
+
+
+def test_whole_file_has_nothing_to_make_for_a_host_array(clean):
+    wirespeed.prepare(bytearray(10), strategy="whole-file")
+    assert wirespeed.pinned_bytes() == 0
+
+
+def test_a_file_within_the_budget_is_registered_ahead(clean, tmp_path):
+    data = pattern(2 * MIB + 5)
+    path = tmp_path / "data.bin"
+    path.write_bytes(data)
+    wirespeed.prepare(str(path))
+    assert counters()["registrations"] == 1
+    dst = wirespeed._DeviceArray(len(data))
+    r = wirespeed.read_into(dst, path, sync=True)
+    assert dst.to_bytes() == data
+    assert counters()["registrations"] == 1  # the first read registered nothing anew
+    assert r.registrations == 0
+
+
+def test_a_file_larger_than_the_budget_gets_its_ring_ahead(clean, tmp_path):
+    data = pattern(6 * MIB + 5)
+    path = tmp_path / "data.bin"
+    path.write_bytes(data)
+    wirespeed.prepare(path, budget=2 * MIB)
+    allocs = counters()["pinned_allocs"]
+    assert allocs > 0 and counters()["registrations"] == 0
+    dst = wirespeed._DeviceArray(len(data) - MIB)
+    wirespeed.read_into(dst, path, MIB, budget=2 * MIB, sync=True)
+    assert dst.to_bytes() == data[MIB:]
+    assert counters()["pinned_allocs"] == allocs
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"strategy": "windows"}, ValueError),  # files only
+        ({"strategy": "nonsense"}, ValueError),
+        ({"budget": 4096}, wirespeed.Error),  # no room for the ring's two slots
+        ({"device": 99}, wirespeed.Error),
+    ],
+)
+def test_bad_arguments(clean, kwargs, error):
+    with pytest.raises(error):
+        wirespeed.prepare(**kwargs)
+    assert wirespeed.pinned_bytes() == 0
+
+
+def test_a_missing_file(clean, tmp_path):
+    with pytest.raises((wirespeed.Error, OSError)):
+        wirespeed.prepare(tmp_path / "missing.bin")
+
+
+def test_the_docstring_example_runs(clean):
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(wirespeed.prepare, "prepare", globs={}):
+        runner.run(test)
+    assert runner.failures == 0 and runner.tries >= 3
