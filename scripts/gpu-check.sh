@@ -196,7 +196,7 @@ for stage in "${stages[@]}"; do
     timeout 150 python3 python/examples/file_batches.py /tmp/file-batches-4g.bin --passes 3 \
       >"$out/python-file-batches-first-pass.log" 2>&1
     echo "file_batches rc=$?"; tail -6 "$out/python-file-batches-first-pass.log"
-    timeout 100 python3 python/examples/rows.py --rows 32 --row-mib 80 >"$out/python-rows-80m-read-into-from-host.log" 2>&1
+    timeout 100 python3 python/examples/rows.py --rows 32 --row-mib 80 --threads "${ROW_THREADS:-}" >"$out/python-rows-80m-read-into-from-host.log" 2>&1
     echo "rows.py rc=$?"; tail -7 "$out/python-rows-80m-read-into-from-host.log"
     ;;
   poolonly)
@@ -247,23 +247,27 @@ for stage in "${stages[@]}"; do
     ;;
   poolring)
     python_env || echo "no wheel: the Python rows are skipped"
-    timeout 300 .gpu/run.sh shuffle --ways pool,ring,ring:12,ring:16,pool --no-torch --json "$out/shuffle-32g.json" \
+    timeout 300 .gpu/run.sh shuffle --ways ${POOLRING_WAYS:-pool,ring,ring:12,ring:16,pool} --no-torch --json "$out/shuffle-32g.json" \
       >"$out/shuffle-32g-file-pool-twice-ring-threads.log" 2>&1
     echo "pool/ring rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-32g-file-pool-twice-ring-threads.log"
     grep -E "whole block|ran chained|added up" "$out/shuffle-32g-file-pool-twice-ring-threads.log"
     ;;
   hostrows)
     python_env || { echo "no wheel"; continue; }
-    timeout 100 python3 python/examples/rows.py --rows 32 --row-mib 80 >"$out/python-rows-80m-read-into-from-host-prepared.log" 2>&1
-    echo "rows.py 80 MiB rc=$?"; tail -7 "$out/python-rows-80m-read-into-from-host-prepared.log"
-    timeout 100 python3 python/examples/rows.py >"$out/python-rows-2m5-read-into-from-host-prepared.log" 2>&1
-    echo "rows.py 2.5 MiB rc=$?"; tail -7 "$out/python-rows-2m5-read-into-from-host-prepared.log"
+    timeout 100 python3 python/examples/rows.py --rows 32 --row-mib 80 --threads "${ROW_THREADS:-}" >"$out/python-rows-80m-read-into-from-host-prepared.log" 2>&1
+    echo "rows.py 80 MiB rc=$?"; tail -10 "$out/python-rows-80m-read-into-from-host-prepared.log"
+    timeout 100 python3 python/examples/rows.py --threads "${ROW_THREADS:-}" >"$out/python-rows-2m5-read-into-from-host-prepared.log" 2>&1
+    echo "rows.py 2.5 MiB rc=$?"; tail -10 "$out/python-rows-2m5-read-into-from-host-prepared.log"
     ;;
   cold)
     if ls .gpu/kvikio/*.whl >/dev/null 2>&1 && [ ! -d /tmp/kvikio-site ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kvikio-site .gpu/kvikio/*.whl
     fi
-    [ -d /tmp/kvikio-site ] && export PYTHONPATH=/tmp/kvikio-site${PYTHONPATH:+:$PYTHONPATH}
+    if [ -d /tmp/kvikio-site ]; then
+      # libkvikio finds libcufile through the dynamic loader when its wheel is not in site-packages.
+      export PYTHONPATH=/tmp/kvikio-site${PYTHONPATH:+:$PYTHONPATH}
+      export LD_LIBRARY_PATH=/tmp/kvikio-site/nvidia/cufile/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
     timeout 300 .gpu/run.sh bench --size 4G --budget 512M --only auto,kvikio,disk-direct,cold-auto --reps 3 \
       >"$out/bench-4g-file-cold-hot-auto-kvikio.log" 2>&1
     echo "cold bench rc=$?"

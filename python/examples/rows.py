@@ -15,7 +15,7 @@ tensor copied to the device, measured in the same run), and process CPU
 seconds per GB (os.times()). Every way's rows are checked against the source.
 Exits 0 when every check passed.
 
-    python examples/rows.py [--rows 1024] [--row-mib 2.5] [--device 0]
+    python examples/rows.py [--rows 1024] [--row-mib 2.5] [--device 0] [--threads 8,12]
 """
 
 import argparse
@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--row-mib", type=float, default=2.5)
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--threads", default="", help="read_into's ring threads to try, comma-separated "
+                    "(default: the package's own choice)")
     args = ap.parse_args()
     dev = torch.device("cuda", args.device)
     torch.cuda.set_device(dev)
@@ -118,14 +120,17 @@ def main():
 
     # The pinned ring and its threads, made once per process: ahead, as the
     # pinned-once rows pin ahead.
-    c0, t0 = cpu_now(), time.perf_counter()
-    wirespeed.prepare(rows, device=args.device)
-    prep_s, prep_cpu = time.perf_counter() - t0, cpu_now() - c0
-    outs, gbps, cpu, dt = timed(via_read_into, total)
-    whole = total / (dt + prep_s) / 1e9
-    report("wirespeed.read_into (pinned ring)", outs, gbps, cpu,
-           f"  (with the prepare() of {prep_s:.3f} s: {whole:.2f} GB/s, "
-           f"{cpu + prep_cpu / (total / 1e9):.4f} CPU s/GB)")
+    for threads in [int(t) for t in args.threads.split(",") if t] or [None]:
+        c0, t0 = cpu_now(), time.perf_counter()
+        wirespeed.prepare(rows, device=args.device, threads=threads)
+        prep_s, prep_cpu = time.perf_counter() - t0, cpu_now() - c0
+        dst.zero_()  # what a row leaves unwritten shows
+        outs, gbps, cpu, dt = timed(via_read_into, total)
+        whole = total / (dt + prep_s) / 1e9
+        name = "wirespeed.read_into (pinned ring)" if threads is None else f"read_into, ring of {threads} threads"
+        report(name, outs, gbps, cpu,
+               f"  (with the prepare() of {prep_s:.3f} s: {whole:.2f} GB/s, "
+               f"{cpu + prep_cpu / (total / 1e9):.4f} CPU s/GB)")
 
     print("ok" if ok else "FAILED: a way's rows differ from the source")
     return 0 if ok else 1

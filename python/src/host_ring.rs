@@ -1,6 +1,7 @@
 //! The pinned ring `read_host` copies host memory through: one
 //! `PinnedRing` per device, kept for the process, and a pool of threads
-//! (as many as the cores, up to [`MAX_THREADS`]) that fill its slots.
+//! (as many as the cores, up to [`MAX_THREADS`], unless [`set_threads`]
+//! says otherwise) that fill its slots, the caller filling some too.
 //!
 //! A copy is a [`Job`]: the source cut into pieces of about an equal share
 //! per thread (between [`MIN_PIECE`] and a slot). Each thread takes the next
@@ -13,14 +14,14 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use wirespeed_cuda::locks::lock;
 use wirespeed_cuda::{Device, DeviceSliceMut, Stream};
-use wirespeed_pinned::{PinBudget, PinnedRing};
+use wirespeed_pinned::{FreeSlot, PinBudget, PinnedRing};
 
 use crate::error::err;
 use crate::inflight::{SLICE, Waiting};
@@ -63,7 +64,7 @@ impl Shape {
     /// # Errors
     /// A budget without room for two slots of [`MIN_PIECE`].
     pub(crate) fn for_budget(budget: u64) -> Result<Shape, String> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_THREADS);
+        let threads = threads();
         let page = page_size();
         let most = (SLOTS_PER_THREAD * threads) as u64 * (MAX_SLOT + page) as u64;
         let per_thread = if budget >= most { SLOTS_PER_THREAD } else { FEWEST_SLOTS_PER_THREAD };
@@ -93,6 +94,41 @@ impl Shape {
         let share = balanced.max(BALANCED_PIECE.min(len.div_ceil(self.threads)));
         let piece = (share.div_ceil(page) * page).clamp(MIN_PIECE, self.slot);
         (piece, len.div_ceil(piece))
+    }
+}
+
+/// The threads a ring is made with: as set by [`set_threads`], else one
+/// per core up to [`MAX_THREADS`].
+fn threads() -> usize {
+    // Asked once: the answer reads the process's cgroup files.
+    static CORES: OnceLock<usize> = OnceLock::new();
+    match THREADS.load(Ordering::Relaxed) {
+        0 => (*CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))).clamp(1, MAX_THREADS),
+        n => n,
+    }
+}
+
+/// The most threads a caller may ask for.
+pub(crate) const MOST_THREADS: usize = 64;
+
+/// The threads set by [`set_threads`] (0: the default).
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the threads the rings are made with from now on (`None`: one per
+/// core up to [`MAX_THREADS`]); a kept ring of another shape is made anew
+/// on its next use.
+///
+/// # Errors
+/// A count of 0 or more than [`MOST_THREADS`].
+pub(crate) fn set_threads(threads: Option<usize>) -> Result<(), String> {
+    match threads {
+        Some(n) if !(1..=MOST_THREADS).contains(&n) => {
+            Err(format!("threads must be between 1 and {MOST_THREADS}, not {n}"))
+        }
+        n => {
+            THREADS.store(n.unwrap_or(0), Ordering::Relaxed);
+            Ok(())
+        }
     }
 }
 
@@ -194,8 +230,34 @@ impl HostRing {
             state: Mutex::default(),
             changed: Condvar::new(),
         });
-        lock(&self.pool.jobs).queue.push_back(job.clone());
-        self.pool.posted.notify_all();
+        let post = || {
+            lock(&self.pool.jobs).queue.push_back(job.clone());
+            self.pool.posted.notify_all();
+        };
+        // The threads take pieces of a source of several; the caller takes
+        // pieces too while it finds slots ready, so that a source of one
+        // piece needs no thread, and the threads' waking up overlaps the
+        // caller's copying.
+        let posted = pieces > 1;
+        if posted {
+            post();
+        }
+        loop {
+            match py.detach(|| job.help(&self.pool.ring, &self.pool.stream)) {
+                Help::Took => {}
+                Help::NoSlot => {
+                    if !posted {
+                        post();
+                    }
+                    break;
+                }
+                Help::Taken => break,
+            }
+            if let Err(e) = py.check_signals() {
+                py.detach(|| job.abandon());
+                return Err(e);
+            }
+        }
         let waiting = Waiting::enter();
         loop {
             if py.detach(|| job.finished_within(SLICE)) {
@@ -254,6 +316,16 @@ struct Job {
     changed: Condvar,
 }
 
+/// What the caller's [`Job::help`] did.
+enum Help {
+    /// Filled a piece.
+    Took,
+    /// Found no slot ready: the threads go on.
+    NoSlot,
+    /// Found every piece taken (or the job stopped).
+    Taken,
+}
+
 /// How far a [`Job`] is.
 #[derive(Default)]
 struct JobState {
@@ -273,31 +345,56 @@ impl Job {
         self.next.load(Ordering::Relaxed) >= self.pieces
     }
 
-    /// Takes pieces until none is left.
+    /// Takes pieces until none is left (a thread of the ring).
     fn run(&self, ring: &PinnedRing, stream: &Stream) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.pieces {
                 return;
             }
-            let res = self.piece(i, ring, stream);
-            let mut st = lock(&self.state);
-            if let Err(e) = res {
-                st.error.get_or_insert(e);
-            }
-            st.finished += 1;
-            self.changed.notify_all();
+            let res = if self.stopped() { Ok(()) } else { self.piece(i, ring, stream) };
+            self.finish(res);
         }
     }
 
-    /// Piece `i`: into a free slot, and the slot's copy enqueued (skipped
-    /// once the job failed or was abandoned).
-    fn piece(&self, i: usize, ring: &PinnedRing, stream: &Stream) -> Result<(), String> {
-        let (off, n) = (i * self.piece, self.piece.min(self.len - i * self.piece));
-        if self.stopped() {
-            return Ok(());
+    /// Takes one piece if a slot is ready now (the caller, which must not
+    /// wait for the copy engine: it answers signals between pieces).
+    fn help(&self, ring: &PinnedRing, stream: &Stream) -> Help {
+        if self.taken() || self.stopped() {
+            return Help::Taken;
         }
+        // An error asking for a slot is left to the threads to meet.
+        let Ok(Some(slot)) = ring.acquire_if_ready() else {
+            return Help::NoSlot;
+        };
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        if i >= self.pieces {
+            return Help::Taken; // the slot goes back to the ring
+        }
+        self.finish(self.fill(i, slot, stream));
+        Help::Took
+    }
+
+    /// Counts a piece finished (and its error).
+    fn finish(&self, res: Result<(), String>) {
+        let mut st = lock(&self.state);
+        if let Err(e) = res {
+            st.error.get_or_insert(e);
+        }
+        st.finished += 1;
+        self.changed.notify_all();
+    }
+
+    /// Piece `i`: into a free slot, and the slot's copy enqueued.
+    fn piece(&self, i: usize, ring: &PinnedRing, stream: &Stream) -> Result<(), String> {
         let slot = ring.acquire().map_err(|e| e.to_string())?;
+        self.fill(i, slot, stream)
+    }
+
+    /// Piece `i` into `slot`, and the slot's copy enqueued (skipped once the
+    /// job failed or was abandoned; the slot then goes back to the ring).
+    fn fill(&self, i: usize, slot: FreeSlot, stream: &Stream) -> Result<(), String> {
+        let (off, n) = (i * self.piece, self.piece.min(self.len - i * self.piece));
         {
             let mut st = lock(&self.state);
             if st.abandoned || st.error.is_some() {

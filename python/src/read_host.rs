@@ -147,11 +147,22 @@ pub(crate) fn read_host(
 /// Makes now what a first `read_host` with (`device`, `budget`, `strategy`)
 /// would make: the device's pinned ring and its threads (`auto` and `ring`;
 /// `whole-file` registers each source per call, so there is nothing to make
-/// ahead). Answers the bytes the ring pins (0 for `whole-file`).
+/// ahead). With `threads`, the rings have that many threads from now on
+/// (`None`: one per core, up to 8). Answers the bytes the ring pins (0 for
+/// `whole-file`).
 #[pyfunction]
-pub(crate) fn _prepare_host(py: Python<'_>, device: usize, budget: u64, strategy: &str) -> PyResult<u64> {
+#[pyo3(signature = (device, budget, strategy, threads=None))]
+pub(crate) fn _prepare_host(
+    py: Python<'_>,
+    device: usize,
+    budget: u64,
+    strategy: &str,
+    threads: Option<usize>,
+) -> PyResult<u64> {
+    let way = way(strategy)?;
+    host_ring::set_threads(threads).map_err(PyValueError::new_err)?;
     let dev = Device::get(device).map_err(err)?;
-    match way(strategy)? {
+    match way {
         Way::Ring => Ok(host_ring::ring(py, dev, budget)?.pinned_bytes()),
         Way::InPlace => Ok(0),
     }

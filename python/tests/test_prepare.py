@@ -75,9 +75,35 @@ def test_a_file_larger_than_the_budget_gets_its_ring_ahead(clean, tmp_path):
     assert counters()["pinned_allocs"] == allocs
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_threads_set_the_rings_threads(clean, threads):
+    try:
+        wirespeed.prepare(threads=threads)
+        src = bytearray(pattern(9 * MIB + 3))
+        dst = wirespeed._DeviceArray(len(src))
+        r = wirespeed.read_into(dst, src, sync=True)
+        assert dst.to_bytes() == bytes(src)
+        assert f"{threads} threads" in r.strategy
+    finally:
+        wirespeed.prepare(threads=None)  # back to the default for the other tests
+        wirespeed.release()
+
+
+def test_a_source_of_one_piece_is_copied_by_the_caller(clean):
+    wirespeed.prepare()
+    src = bytearray(pattern(100))
+    dst = wirespeed._DeviceArray(len(src))
+    for _ in range(50):
+        wirespeed.read_into(dst, src)
+    assert dst.to_bytes() == bytes(src)
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [
+        ({"threads": 0}, ValueError),
+        ({"threads": 65}, ValueError),
+        ({"src": "x.bin", "threads": 2}, ValueError),  # a file's streamer plans its own
         ({"strategy": "windows"}, ValueError),  # files only
         ({"strategy": "nonsense"}, ValueError),
         ({"budget": 4096}, wirespeed.Error),  # no room for the ring's two slots

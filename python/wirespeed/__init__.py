@@ -335,6 +335,7 @@ def prepare(
     device: int = 0,
     budget: int = DEFAULT_BUDGET,
     strategy: str = "auto",
+    threads: Optional[int] = None,
 ) -> None:
     """Makes ready now what a first :func:`read_into` from ``src`` with the
     same ``device``, ``budget`` and ``strategy`` would make, so that the
@@ -347,7 +348,10 @@ def prepare(
     (it fits ``budget``), that registration. For a host array, or ``None``:
     the device's pinned ring for host sources and its threads (for
     ``strategy="whole-file"`` there is nothing to make: each call registers
-    its source). :func:`release` frees what this made.
+    its source). ``threads`` sets how many threads fill that ring, for every
+    later host source (default: one per core, up to 8; the calling thread
+    fills pieces too); a path or memmap takes no ``threads`` (the streamer
+    plans its own). :func:`release` frees what this made.
 
     >>> import wirespeed
     >>> wirespeed.prepare()  # the pinned ring a CPU tensor is copied through
@@ -357,10 +361,12 @@ def prepare(
     """
     _ensure_runtime()
     if isinstance(src, (str, os.PathLike)) or _is_memmap(src):
+        if threads is not None:
+            raise ValueError("threads is for host sources: a file's streamer plans its own threads")
         path, start, total = _file_range(src, offset, length)
         _prepare_file(path, start, total, total, device, budget, strategy)
     else:
-        _native._prepare_host(device, budget, strategy)
+        _native._prepare_host(device, budget, strategy, threads)
 
 
 def _prepare_file(path: str, start: int, span: int, total: int, device: int, budget: int, strategy: str) -> None:

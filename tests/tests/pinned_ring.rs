@@ -312,3 +312,34 @@ fn forgotten_in_flight_child() {
     assert_eq!(budget.used(), pinned);
     wirespeed_tests::child_ran("forgotten_in_flight_child");
 }
+
+#[test]
+fn acquire_if_ready_never_waits_for_a_copy() {
+    let t = start();
+    if !t.emulated() {
+        return; // holds the emulated streams
+    }
+    {
+        let dev = Device::get(0).unwrap();
+        let stream = Stream::new(&dev).unwrap();
+        let ring = PinnedRing::new(2, 4096, &PinBudget::unlimited()).unwrap();
+        let mut dst = DeviceBuffer::<u8>::new(&dev, 4).unwrap();
+        t.emu().hold(true);
+        let first = ring.acquire_if_ready().unwrap().expect("a free slot");
+        drop(first.copy_from(b"ab").unwrap().copy_to_device(&stream, &mut dst.slice_mut(0..2).unwrap()).unwrap());
+        let second = ring.acquire_if_ready().unwrap().expect("the other free slot");
+        drop(second.copy_from(b"cd").unwrap().copy_to_device(&stream, &mut dst.slice_mut(2..4).unwrap()).unwrap());
+        // Both slots in flight, their copies held: none is ready, and asking
+        // keeps them in flight (in order).
+        assert!(ring.acquire_if_ready().unwrap().is_none());
+        assert_eq!((ring.free_slots(), ring.in_flight_slots()), (0, 2));
+        t.emu().hold(false);
+        stream.synchronize().unwrap();
+        let a = ring.acquire_if_ready().unwrap().expect("the oldest, its copy completed");
+        let b = ring.acquire_if_ready().unwrap().expect("the other");
+        assert_eq!((a.completed_bytes(), b.completed_bytes()), (2, 2));
+        assert_eq!(dst.to_vec().unwrap(), b"abcd");
+        drop((a, b, ring));
+    }
+    t.assert_clean();
+}

@@ -265,6 +265,50 @@ impl PinnedRing {
         self.acquire_until(Instant::now().checked_add(timeout))
     }
 
+    /// A free slot without waiting at all: one that is free, or the oldest in
+    /// flight if its copies have completed (its events asked, not waited
+    /// for); else `None`. For a thread that must stay responsive (to signals,
+    /// say) and leaves waiting for slots to others.
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # use wirespeed_cuda::*;
+    /// # let dev = Device::get(0)?; let stream = Stream::new(&dev)?;
+    /// # let mut dst = DeviceBuffer::<u8>::new(&dev, 2)?;
+    /// let ring = wirespeed_pinned::PinnedRing::new(1, 4096, &wirespeed_pinned::PinBudget::unlimited())?;
+    /// let in_flight = ring.acquire_if_ready()?.expect("free").copy_from(b"ab")?.copy_to_device(&stream, &mut dst)?;
+    /// stream.synchronize()?;
+    /// drop(in_flight); // back to the ring, its copy completed
+    /// assert!(ring.acquire_if_ready()?.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// CUDA's error asking the events (the slot then stays in flight).
+    pub fn acquire_if_ready(&self) -> Result<Option<FreeSlot>> {
+        let mut st = lock(&self.inner.state);
+        if let Some(slot) = st.free.pop() {
+            return Ok(Some(FreeSlot::new(slot, &self.inner, 0)));
+        }
+        let Some(mut slot) = st.in_flight.pop_front() else {
+            return Ok(None);
+        };
+        drop(st);
+        let ready = match slot.is_complete() {
+            Ok(true) => slot.wait().map(Some),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e),
+        };
+        match ready {
+            Ok(Some(done)) => Ok(Some(FreeSlot::new(slot, &self.inner, done))),
+            other => {
+                self.inner.put_back_in_flight(slot, true);
+                other.map(|_| None)
+            }
+        }
+    }
+
     fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<FreeSlot>> {
         let mut st = lock(&self.inner.state);
         loop {
