@@ -47,8 +47,8 @@ def main():
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--row-mib", type=float, default=2.5)
     ap.add_argument("--device", type=int, default=0)
-    ap.add_argument("--threads", default="", help="read_into's ring threads to try, comma-separated "
-                    "(default: the package's own choice)")
+    ap.add_argument("--threads", default="", help="read_into's ring threads to try, comma-separated, "
+                    "'default' for the package's own choice (the default)")
     args = ap.parse_args()
     dev = torch.device("cuda", args.device)
     torch.cuda.set_device(dev)
@@ -120,7 +120,7 @@ def main():
 
     # The pinned ring and its threads, made once per process: ahead, as the
     # pinned-once rows pin ahead.
-    for threads in [int(t) for t in args.threads.split(",") if t] or [None]:
+    for threads in [None if t == "default" else int(t) for t in args.threads.split(",") if t] or [None]:
         c0, t0 = cpu_now(), time.perf_counter()
         wirespeed.prepare(rows, device=args.device, threads=threads)
         prep_s, prep_cpu = time.perf_counter() - t0, cpu_now() - c0

@@ -3,14 +3,15 @@
 //! (as many as the cores, up to [`MAX_THREADS`], unless [`set_threads`]
 //! says otherwise) that fill its slots, the caller filling some too.
 //!
-//! A copy is a [`Job`]: the source cut into pieces of about an equal share
-//! per thread (between [`MIN_PIECE`] and a slot). Each thread takes the next
-//! piece, waits for a free slot (one whose last copy has completed: the ring
-//! decides), copies the piece into it and enqueues the slot's copy to the
-//! piece's place on the ring's stream. The caller waits until every piece is
-//! enqueued, not for the copies themselves: by then the source was read in
-//! full, so the caller may reuse it, and the next copy's pieces are filled
-//! while this one's are still on their way to the device.
+//! A copy is a [`Job`]: the source cut into pieces ([`Shape::pieces`]: a few
+//! per thread, none smaller than [`BALANCED_PIECE`] unless the source is).
+//! Each thread takes the next piece, waits for a free slot (one whose last
+//! copy has completed: the ring decides), copies the piece into it and
+//! enqueues the slot's copy to the piece's place on the ring's stream. The
+//! caller takes pieces too while it finds a slot ready, then waits until
+//! every piece is enqueued, not for the copies themselves: by then the source
+//! was read in full, so the caller may reuse it, and the next copy's pieces
+//! are filled while this one's are still on their way to the device.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,8 +27,10 @@ use wirespeed_pinned::{FreeSlot, PinBudget, PinnedRing};
 use crate::error::err;
 use crate::inflight::{SLICE, Waiting};
 
-/// The most threads filling a device's ring.
-const MAX_THREADS: usize = 8;
+/// The most threads filling a device's ring by default (one per core up to
+/// this): each byte is read, written to a slot and read again by the DMA, so
+/// host memory traffic bounds them, and more slow them down.
+const MAX_THREADS: usize = 12;
 /// Slots of the ring per thread where the budget holds that many of
 /// [`MAX_SLOT`]: a thread's filled slots wait for the copy engine while it
 /// fills the next.
@@ -38,12 +41,12 @@ const FEWEST_SLOTS_PER_THREAD: usize = 2;
 /// Pieces per thread a source is cut into where they stay at least
 /// [`BALANCED_PIECE`]: the threads then finish a source close together.
 const PIECES_PER_THREAD: usize = 4;
-/// The smallest piece cut for balance (a copy that size still runs near the
-/// copy engine's rate).
-const BALANCED_PIECE: usize = 1 << 20;
+/// The smallest piece cut for balance: a smaller one costs a thread's hand-over
+/// and a copy more than it saves.
+const BALANCED_PIECE: usize = 512 << 10;
 /// The largest slot (a piece a thread fills at once stays in its cache).
 const MAX_SLOT: usize = 4 << 20;
-/// The smallest slot, and the smallest piece a source is cut into.
+/// The smallest slot.
 const MIN_PIECE: usize = 64 << 10;
 
 /// The ring's shape: `slots` slots of `slot` bytes, `threads` threads.
@@ -86,13 +89,13 @@ impl Shape {
 
     /// The pieces a source of `len` bytes is cut into: (piece bytes,
     /// pieces). [`PIECES_PER_THREAD`] pieces per thread where those are at
-    /// least [`BALANCED_PIECE`] (else as large, or an equal share per
-    /// thread if smaller), whole pages, between [`MIN_PIECE`] and a slot.
+    /// least [`BALANCED_PIECE`], else pieces of that size (a small source
+    /// keeps fewer threads busy, the caller taking the first piece): whole
+    /// pages, at most a slot.
     fn pieces(&self, len: usize) -> (usize, usize) {
         let page = page_size();
-        let balanced = len.div_ceil(PIECES_PER_THREAD * self.threads);
-        let share = balanced.max(BALANCED_PIECE.min(len.div_ceil(self.threads)));
-        let piece = (share.div_ceil(page) * page).clamp(MIN_PIECE, self.slot);
+        let share = len.div_ceil(PIECES_PER_THREAD * self.threads).max(BALANCED_PIECE);
+        let piece = (share.div_ceil(page) * page).min(self.slot);
         (piece, len.div_ceil(piece))
     }
 }

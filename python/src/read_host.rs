@@ -148,7 +148,7 @@ pub(crate) fn read_host(
 /// would make: the device's pinned ring and its threads (`auto` and `ring`;
 /// `whole-file` registers each source per call, so there is nothing to make
 /// ahead). With `threads`, the rings have that many threads from now on
-/// (`None`: one per core, up to 8). Answers the bytes the ring pins (0 for
+/// (`None`: one per core, up to 12). Answers the bytes the ring pins (0 for
 /// `whole-file`).
 #[pyfunction]
 #[pyo3(signature = (device, budget, strategy, threads=None))]

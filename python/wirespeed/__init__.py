@@ -349,7 +349,7 @@ def prepare(
     the device's pinned ring for host sources and its threads (for
     ``strategy="whole-file"`` there is nothing to make: each call registers
     its source). ``threads`` sets how many threads fill that ring, for every
-    later host source (default: one per core, up to 8; the calling thread
+    later host source (default: one per core, up to 12; the calling thread
     fills pieces too); a path or memmap takes no ``threads`` (the streamer
     plans its own). :func:`release` frees what this made.
 

@@ -73,9 +73,15 @@ pub struct LoaderConfig {
     /// Bytes of a block of the pool (of the widest array; rounded to whole
     /// records).
     pub block_bytes: u64,
-    /// CPU threads of [`Way::Ring`].
+    /// CPU threads of [`Way::Ring`] (default [`DEFAULT_RING_THREADS`]).
     pub ring_threads: usize,
 }
+
+/// The default CPU threads of [`Way::Ring`]: each byte is read, written to
+/// pinned memory and read again by the DMA, so host memory traffic bounds the
+/// way, and more threads than this slow it down. Fewer run where the pin
+/// budget holds fewer slots.
+pub const DEFAULT_RING_THREADS: usize = 10;
 
 /// The default size of a pool block. A block is streamed through windows
 /// of at most its size, and registering costs a fixed time per call on top
@@ -102,7 +108,7 @@ impl LoaderConfig {
             device_budget: None,
             pin_budget: PinBudget::new(DEFAULT_PIN_BUDGET),
             block_bytes: DEFAULT_BLOCK_BYTES,
-            ring_threads: 8,
+            ring_threads: DEFAULT_RING_THREADS,
         }
     }
 
@@ -163,7 +169,14 @@ impl LoaderConfig {
         self
     }
 
-    /// CPU threads of [`Way::Ring`].
+    /// CPU threads of [`Way::Ring`] (default [`DEFAULT_RING_THREADS`]; at
+    /// most 256, and fewer where the pin budget holds fewer slots).
+    ///
+    /// ```
+    /// use wirespeed_pinned::{LoaderConfig, DEFAULT_RING_THREADS};
+    /// assert_eq!(LoaderConfig::new(4096).ring_threads, DEFAULT_RING_THREADS);
+    /// assert_eq!(LoaderConfig::new(4096).ring_threads(4).ring_threads, 4);
+    /// ```
     pub fn ring_threads(mut self, threads: usize) -> Self {
         self.ring_threads = threads;
         self

@@ -11,7 +11,7 @@ mod pool;
 mod records;
 mod ring;
 
-pub use config::{DEFAULT_BLOCK_BYTES, DEFAULT_PIN_BUDGET, LoaderConfig, Way};
+pub use config::{DEFAULT_BLOCK_BYTES, DEFAULT_PIN_BUDGET, DEFAULT_RING_THREADS, LoaderConfig, Way};
 pub use loader::{BatchInfo, Loader, LoaderState};
 pub use order::{Permutation, Sharding};
 pub use records::Records;
