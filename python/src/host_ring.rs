@@ -235,7 +235,11 @@ impl HostRing {
         });
         let post = || {
             lock(&self.pool.jobs).queue.push_back(job.clone());
-            self.pool.posted.notify_all();
+            // As many threads as the pieces beyond the caller's first need
+            // (one for a piece the caller found no slot for).
+            for _ in 0..pieces.saturating_sub(1).clamp(1, self.shape.threads) {
+                self.pool.posted.notify_one();
+            }
         };
         // The threads take pieces of a source of several; the caller takes
         // pieces too while it finds slots ready, so that a source of one

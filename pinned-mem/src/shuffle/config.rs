@@ -77,11 +77,11 @@ pub struct LoaderConfig {
     pub ring_threads: usize,
 }
 
-/// The default CPU threads of [`Way::Ring`]: each byte is read, written to
+/// The default CPU threads of [`Way::Ring`]. Each byte is read, written to
 /// pinned memory and read again by the DMA, so host memory traffic bounds the
-/// way, and more threads than this slow it down. Fewer run where the pin
-/// budget holds fewer slots.
-pub const DEFAULT_RING_THREADS: usize = 10;
+/// way rather than the threads. Fewer run where the pin budget holds fewer
+/// slots.
+pub const DEFAULT_RING_THREADS: usize = 8;
 
 /// The default size of a pool block. A block is streamed through windows
 /// of at most its size, and registering costs a fixed time per call on top
