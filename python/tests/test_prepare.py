@@ -116,6 +116,13 @@ def test_bad_arguments(clean, kwargs, error):
     assert wirespeed.pinned_bytes() == 0
 
 
+@pytest.mark.parametrize("src, error", [(12345, TypeError), (object(), TypeError)])
+def test_a_source_that_is_no_host_array(clean, src, error):
+    with pytest.raises(error):
+        wirespeed.prepare(src)
+    assert wirespeed.pinned_bytes() == 0
+
+
 def test_a_missing_file(clean, tmp_path):
     with pytest.raises((wirespeed.Error, OSError)):
         wirespeed.prepare(tmp_path / "missing.bin")

@@ -366,6 +366,8 @@ def prepare(
         path, start, total = _file_range(src, offset, length)
         _prepare_file(path, start, total, total, device, budget, strategy)
     else:
+        if src is not None:
+            _host_bytes(src)  # a host array, or TypeError / ValueError as read_into gives
         _native._prepare_host(device, budget, strategy, threads)
 
 
