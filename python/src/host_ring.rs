@@ -47,7 +47,7 @@ const BALANCED_PIECE: usize = 512 << 10;
 /// The largest slot (a piece a thread fills at once stays in its cache).
 const MAX_SLOT: usize = 4 << 20;
 /// The smallest slot.
-const MIN_PIECE: usize = 64 << 10;
+const MIN_SLOT: usize = 64 << 10;
 
 /// The ring's shape: `slots` slots of `slot` bytes, `threads` threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,10 +62,10 @@ impl Shape {
     /// slots of [`MAX_SLOT`] per thread where the budget holds them (a page
     /// of each kept for its alignment), else [`FEWEST_SLOTS_PER_THREAD`]
     /// slots per thread, each as large as the budget allows; fewer slots of
-    /// [`MIN_PIECE`] where the budget is smaller still.
+    /// [`MIN_SLOT`] where the budget is smaller still.
     ///
     /// # Errors
-    /// A budget without room for two slots of [`MIN_PIECE`].
+    /// A budget without room for two slots of [`MIN_SLOT`].
     pub(crate) fn for_budget(budget: u64) -> Result<Shape, String> {
         let threads = threads();
         let page = page_size();
@@ -74,17 +74,17 @@ impl Shape {
         let slots = per_thread * threads;
         let per = usize::try_from(budget / slots as u64).unwrap_or(usize::MAX);
         let slot = (per.saturating_sub(page) / page * page).min(MAX_SLOT);
-        if slot >= MIN_PIECE {
+        if slot >= MIN_SLOT {
             return Ok(Shape { slots, slot, threads });
         }
-        let slots = usize::try_from(budget / (MIN_PIECE + page) as u64).unwrap_or(usize::MAX).min(slots);
+        let slots = usize::try_from(budget / (MIN_SLOT + page) as u64).unwrap_or(usize::MAX).min(slots);
         if slots < 2 {
             return Err(format!(
                 "a pin budget of {budget} bytes has no room for the pinned ring a host source is copied through \
-                 (two slots of {MIN_PIECE} bytes)"
+                 (two slots of {MIN_SLOT} bytes)"
             ));
         }
-        Ok(Shape { slots, slot: MIN_PIECE, threads: threads.min(slots) })
+        Ok(Shape { slots, slot: MIN_SLOT, threads: threads.min(slots) })
     }
 
     /// The pieces a source of `len` bytes is cut into: (piece bytes,
@@ -112,7 +112,7 @@ fn threads() -> usize {
 }
 
 /// The most threads a caller may ask for.
-pub(crate) const MOST_THREADS: usize = 64;
+const MOST_THREADS: usize = 64;
 
 /// The threads set by [`set_threads`] (0: the default).
 static THREADS: AtomicUsize = AtomicUsize::new(0);

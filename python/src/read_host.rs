@@ -160,8 +160,8 @@ pub(crate) fn _prepare_host(
     threads: Option<usize>,
 ) -> PyResult<u64> {
     let way = way(strategy)?;
-    host_ring::set_threads(threads).map_err(PyValueError::new_err)?;
     let dev = Device::get(device).map_err(err)?;
+    host_ring::set_threads(threads).map_err(PyValueError::new_err)?;
     match way {
         Way::Ring => Ok(host_ring::ring(py, dev, budget)?.pinned_bytes()),
         Way::InPlace => Ok(0),
