@@ -273,6 +273,19 @@ for stage in "${stages[@]}"; do
     echo "cold bench rc=$?"
     grep -E "GB/s|line rate|PASS|MISS|KvikIO" "$out/bench-4g-file-cold-hot-auto-kvikio.log" | grep -v "rep " | head -24
     ;;
+  lonepieces)
+    # 64 MiB pieces of a 16 GiB file within 4 GiB, each waited for before the next starts (as a
+    # loop of Python read_into runs them), by strategy: auto (each registered whole), the ring
+    # (8 and 12 threads; 4 MiB and 1 MiB slots), the hybrid and windows of 16 MiB.
+    f=$(file16g)
+    timeout 300 .gpu/run.sh bench $f --budget 4G --only auto --no-cold --reps 3 \
+      --strategy auto/spans=64M,wait --strategy ring:32,4M,8/spans=64M,wait \
+      --strategy ring:48,4M,12/spans=64M,wait --strategy ring:96,1M,12/spans=64M,wait \
+      --strategy hybrid:16M,4M,8/spans=64M,wait --strategy windows:16M,4/spans=64M,wait \
+      >"$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" 2>&1
+    echo "lone pieces rc=$?"
+    grep -E "GB/s|line rate|in place" "$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" | grep -v "rep " | head -30
+    ;;
   *) echo "unknown stage $stage" ;;
   esac
 done

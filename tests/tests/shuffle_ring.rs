@@ -153,6 +153,27 @@ fn one_thread_on_a_small_pin_budget() {
 }
 
 #[test]
+fn slots_hold_a_threads_share_and_four_fit_a_large_budget() {
+    let _t = start();
+    let _w = Watchdog::new(120);
+    let dev = Device::get(0).unwrap();
+    let d = data(150);
+    let a = arrays(&d);
+    // Two threads: a share of 10 records of each array per slot, four slots
+    // each (one filled while the batch handed out last copies).
+    let budget = PinBudget::new(8 << 20);
+    let ring = config(Way::Ring, 20).ring_threads(2).pin_budget(budget.clone());
+    let mut l = Loader::new(&dev, &a, ring.clone()).unwrap();
+    let share = 10 * (REC + SMALL);
+    let page = 4096;
+    assert!(budget.used() >= 8 * share && budget.used() <= 8 * (share + page), "{}", budget.used());
+    assert_eq!(take(&mut l, &a, &dev, usize::MAX).len() as u64, l.len());
+    drop(l);
+    assert_eq!(budget.used(), 0);
+    same_as_resident(&dev, &a, ring, config(Way::Resident, 20));
+}
+
+#[test]
 fn dropped_or_forgotten_with_batches_gathered_ahead() {
     let t = start();
     let _w = Watchdog::new(120);

@@ -1,16 +1,19 @@
 //! [`Way::Ring`](super::Way::Ring): CPU threads gather batches' records into
 //! pinned slots ahead of the caller, and each batch's slots are copied to it.
 //!
-//! Each thread owns a ring of two slots and works through the batches it is
-//! asked for, in order: for each, it computes the records of its share of the
-//! batch's positions (the epoch's permutation, as [`FullOrder`] gives them),
-//! copies them into its slots (several arrays' records packed into one slot
-//! where they fit) and hands each filled slot to the loader. The loader asks
-//! for the batch it hands out and the one or two after it (the next epoch's
+//! Each thread owns a ring of up to four slots and works through the batches
+//! it is asked for, in order: for each, it computes the records of its share
+//! of the batch's positions (the epoch's permutation, as [`FullOrder`] gives
+//! them), copies them into its slots (several arrays' records packed into one
+//! slot where they fit) and hands each filled slot to the loader. The loader
+//! asks for the batch it hands out and up to three after it (the next epoch's
 //! first ones at an epoch's end), so the threads gather while the caller is
 //! elsewhere; [`RingGather::gather`] then only takes the batch's filled slots
 //! and enqueues their copies. A slot is filled again only once its copy
-//! completed (the ring waits on the slot's event).
+//! completed (the ring waits on the slot's event), so a thread keeps a slot
+//! more than the batches it is asked for ahead: it fills the next batch's
+//! while the last one handed out still copies. A slot holds a thread's share
+//! of a batch (at most 4 MiB), so the slots cost little pinned memory.
 //!
 //! Work asked for belongs to a generation: when the loader hands out another
 //! batch than the one asked for first (a seek, another epoch, a retry after
@@ -37,11 +40,17 @@ use crate::ring::{FreeSlot, FullSlot, PinnedRing};
 /// Bytes of a slot of the ring.
 const SLOT_BYTES: u64 = 4 << 20;
 
-/// Slots of each thread's ring.
-const SLOTS: usize = 2;
+/// Slots of each thread's ring, where the pin budget holds them.
+const SLOTS: usize = 4;
 
-/// Batches asked for past the one being handed out, at most.
-const DEPTH: usize = 2;
+/// Slots of each thread's ring on a small pin budget: one being filled while
+/// one copies.
+const LEAST_SLOTS: usize = 2;
+
+/// Batches asked for past the one being handed out, at most: one slot fewer
+/// than a thread's, so the next batch's share has a slot while the batch
+/// handed out last still copies.
+const DEPTH: usize = SLOTS - 1;
 
 /// A batch of an epoch: what the threads are asked to gather.
 type Batch = (u64, u64);
@@ -104,28 +113,48 @@ pub(crate) struct RingGather {
 impl RingGather {
     pub(crate) fn new(device: &Device, arrays: &[Records], cut: Sharding, config: &LoaderConfig) -> Result<RingGather> {
         let widest = arrays.iter().map(Records::record_bytes).max().unwrap_or(1);
+        let packed = arrays.iter().map(Records::record_bytes).fold(0u64, u64::saturating_add);
         let budget = config.pin_budget.available();
-        // Two slots per thread, each of SLOT_BYTES or what the budget allows,
-        // at least one record; fewer threads when the budget holds fewer slots.
+        // The most threads (at most `ring_threads`) whose LEAST_SLOTS slots
+        // hold a record; each slot a thread's share of a batch (all arrays
+        // packed), at most SLOT_BYTES, or what the budget allows; and up to
+        // SLOTS slots where the budget holds more of that size.
         let page = crate::util::page_size();
+        let share_bytes = |threads: u64| cut.batch_size().div_ceil(threads).max(1).saturating_mul(packed);
         // (A slot may draw a page more from the budget, to align it.)
-        let fit =
-            |threads: u64| ((budget / (SLOTS as u64 * threads)).saturating_sub(page) / page * page).min(SLOT_BYTES);
-        let threads = (1..=config.ring_threads.clamp(1, 256) as u64).rev().find(|&t| fit(t) >= widest).ok_or_else(|| {
-            Error::invalid(
-                "Loader (ring)",
-                format!("a pin budget of {budget} bytes holds no two slots of a {widest}-byte record: raise the pin budget"),
-            )
-        })?;
-        let slot = usize::try_from(fit(threads) / widest * widest)
-            .map_err(|_| Error::invalid("Loader (ring)", "a record larger than memory"))?;
+        let fit = |threads: u64, slots: u64| {
+            ((budget / slots.saturating_mul(threads)).saturating_sub(page) / page * page)
+                .min(SLOT_BYTES)
+                .min(share_bytes(threads))
+        };
+        let (threads, slots) = (1..=config.ring_threads.clamp(1, 256) as u64)
+            .rev()
+            .find(|&t| fit(t, LEAST_SLOTS as u64) >= widest)
+            .map(|t| {
+                let most = (LEAST_SLOTS..=SLOTS).rev().find(|&s| fit(t, s as u64) == fit(t, LEAST_SLOTS as u64));
+                (t, most.unwrap_or(LEAST_SLOTS))
+            })
+            .ok_or_else(|| {
+                Error::invalid(
+                    "Loader (ring)",
+                    format!(
+                        "a pin budget of {budget} bytes holds no two slots of a {widest}-byte record: raise the pin budget"
+                    ),
+                )
+            })?;
+        let bytes = fit(threads, slots as u64);
+        // A whole share in one slot, else as many of the widest records as fit.
+        let bytes = if bytes == share_bytes(threads) { bytes } else { bytes / widest * widest };
+        let slot =
+            usize::try_from(bytes).map_err(|_| Error::invalid("Loader (ring)", "a record larger than memory"))?;
         let threads = threads as usize;
         device.make_current()?;
         // Every ring first: an allocation that fails leaves no thread behind.
         let rings =
-            (0..threads).map(|_| PinnedRing::new(SLOTS, slot, &config.pin_budget)).collect::<Result<Vec<_>>>()?;
+            (0..threads).map(|_| PinnedRing::new(slots, slot, &config.pin_budget)).collect::<Result<Vec<_>>>()?;
         let share = cut.batch_size().div_ceil(threads as u64) as usize;
-        let depth = (SLOTS / slots_of(arrays, share, slot).max(1)).clamp(1, DEPTH);
+        // Batches whose shares fit the slots but one (kept for the copy in flight).
+        let depth = ((slots - 1) / slots_of(arrays, share, slot).max(1)).clamp(1, DEPTH);
         let path = arrays.first().map(|a| a.file().path().to_path_buf()).unwrap_or_default();
         let current = Arc::new(AtomicU64::new(0));
         let mut gather = RingGather {
