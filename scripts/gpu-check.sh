@@ -275,16 +275,19 @@ for stage in "${stages[@]}"; do
     ;;
   lonepieces)
     # 64 MiB pieces of a 16 GiB file within 4 GiB, each waited for before the next starts (as a
-    # loop of Python read_into runs them), by strategy: auto (each registered whole), the ring
-    # (8 and 12 threads; 4 MiB and 1 MiB slots), the hybrid and windows of 16 MiB.
+    # loop of Python read_into runs them), by strategy: auto (LONE_AUTO says what it plans), the
+    # ring (8 threads, 16 or 32 slots), the hybrid and windows of 16 MiB; then auto's pieces
+    # queued at once; then Python's read_into of 64 MiB pieces, one call each.
     f=$(file16g)
     timeout 300 .gpu/run.sh bench $f --budget 4G --only auto --no-cold --reps 3 \
-      --strategy auto/spans=64M,wait --strategy ring:32,4M,8/spans=64M,wait \
-      --strategy ring:48,4M,12/spans=64M,wait --strategy ring:96,1M,12/spans=64M,wait \
-      --strategy hybrid:16M,4M,8/spans=64M,wait --strategy windows:16M,4/spans=64M,wait \
+      --strategy auto/spans=64M,wait --strategy ring:16,4M,8/spans=64M,wait \
+      --strategy ring:32,4M,8/spans=64M,wait --strategy ${LONE_MORE:-auto/spans=64M} \
       >"$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" 2>&1
     echo "lone pieces rc=$?"
     grep -E "GB/s|line rate|in place" "$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" | grep -v "rep " | head -30
+    python_env || { echo "no wheel"; continue; }
+    timeout 150 python3 bench/python_pieces.py $f --passes 5 >"$out/python-16g-file-64m-pieces-read-into-lone-ring.log" 2>&1
+    echo "python pieces rc=$?"; grep -vE " pass [0-9]" "$out/python-16g-file-64m-pieces-read-into-lone-ring.log" | tail -8
     ;;
   *) echo "unknown stage $stage" ;;
   esac

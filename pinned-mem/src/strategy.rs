@@ -302,6 +302,29 @@ pub(crate) fn plan(len: u64, avail: u64, cpus: usize, cold: bool) -> Option<Stra
     None
 }
 
+/// The most ring threads `Auto` gives a lone piece ([`plan_lone`]).
+const LONE_THREADS: usize = 8;
+
+/// What `Auto` picks for a lone range of a file too large for `avail`, when
+/// the range itself fits but was not asked for recently: it is copied once,
+/// so registering it whole (then copying it, then unregistering it) costs
+/// more than copying it through the ring. The ring has the shape of the
+/// hybrid's (which `plan` gives the file's longer passes, so that the
+/// streamer keeps one ring for both) and more threads: a piece has no
+/// windows beside it, and its threads can start together. A cold range reads
+/// with `O_DIRECT` as in [`plan`]; where the budget holds no hybrid, what
+/// `plan` picks for a range that does not fit.
+pub(crate) fn plan_lone(avail: u64, cpus: usize, cold: bool) -> Option<Strategy> {
+    match plan(avail.saturating_add(1), avail, cpus, cold)? {
+        Strategy::Hybrid { slot, threads, .. } => Some(Strategy::Ring {
+            slots: threads * HYBRID_SLOTS_PER_THREAD,
+            slot,
+            threads: (cpus / 2).clamp(threads, LONE_THREADS.max(threads)),
+        }),
+        other => Some(other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -345,6 +368,28 @@ mod tests {
         assert!(Strategy::Ring { slots: usize::MAX, slot: 4096, threads: 1 }.normalized().is_err());
         assert!(Strategy::Hybrid { window: 1 << 20, slot: usize::MAX, threads: 1 }.normalized().is_err());
         assert!(Strategy::Direct { slots: 2, slot: usize::MAX, threads: 1 }.normalized().is_err());
+    }
+
+    #[test]
+    fn a_lone_piece_plans_the_hybrids_ring_with_more_threads() {
+        let gib = 1u64 << 30;
+        // The hybrid's ring (16 slots of 4 MiB for 4 GiB) with half the cores, at most 8.
+        assert_eq!(plan_lone(4 * gib, 16, false), Some(Strategy::Ring { slots: 16, slot: 4 << 20, threads: 8 }));
+        assert_eq!(plan_lone(4 * gib, 64, false), Some(Strategy::Ring { slots: 16, slot: 4 << 20, threads: 8 }));
+        match (plan(4 * gib + 1, 4 * gib, 16, false), plan_lone(4 * gib, 16, false)) {
+            (Some(Strategy::Hybrid { slot, threads, .. }), Some(Strategy::Ring { slots, slot: s, .. })) => {
+                assert_eq!((slots, s), (threads * HYBRID_SLOTS_PER_THREAD, slot));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Never fewer threads than the hybrid's, on a small machine too.
+        assert!(matches!(plan_lone(4 * gib, 2, false), Some(Strategy::Ring { threads: 1, .. })));
+        // Cold: O_DIRECT, as `plan` reads a cold range.
+        assert!(matches!(plan_lone(4 * gib, 16, true), Some(Strategy::Direct { .. })));
+        // Small budgets: what `plan` picks for a range that does not fit.
+        assert!(matches!(plan_lone(100 * MIB, 2, false), Some(Strategy::Windows { .. })));
+        assert_eq!(plan_lone(1000, 2, false), None);
+        assert!(plan_lone(u64::MAX, 16, false).is_some());
     }
 
     #[test]

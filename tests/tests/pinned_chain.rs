@@ -359,6 +359,47 @@ fn auto_plans_a_chain_for_its_queued_total() {
     t.assert_clean();
 }
 
+/// A lone piece of a file larger than the budget streams through the ring
+/// the first time: read once, it would be registered, copied and given back.
+/// Read again while the streamer remembers it, it is registered whole and
+/// kept, and a part of it uses that registration.
+#[test]
+fn a_lone_piece_streams_through_the_ring_until_it_is_read_again() {
+    let t = start();
+    let _w = Watchdog::new(120);
+    let dir = TempDir::new("chain-lone");
+    const PIECES: usize = 8;
+    let (file, data) = data_file(&dir, 39, PIECES * SPAN);
+    let dev = Device::get(0).unwrap();
+    // Each piece fits, the file does not.
+    let budget = PinBudget::new(12 << 20);
+    let s = Streamer::new(&[dev], StreamConfig::new(Strategy::Auto, budget.clone())).unwrap();
+    let read = |range: Range<u64>| {
+        let mut buf = DeviceBuffer::<u8>::new(&dev, (range.end - range.start) as usize).unwrap();
+        let r = s.start(&file, range.clone(), &mut buf).unwrap().wait().unwrap();
+        assert!(buf.to_vec().unwrap() == data[range.start as usize..range.end as usize], "{range:?}'s data");
+        r.strategy
+    };
+    let mut ring = 0;
+    for i in [0, 1] {
+        let first = read(span(i));
+        assert!(matches!(first, Strategy::Ring { .. }), "piece {i} first: {first}");
+        ring = first.pinned_bytes(0).unwrap();
+    }
+    // The ring (and its slots' alignment slack) is kept, no registration.
+    let kept = s.kept_pinned_bytes();
+    assert!(kept <= ring + (64 << 10), "{kept} kept beside a ring of {ring}: no piece registered");
+    assert_eq!(read(span(0)), Strategy::WholeFile, "piece 0 again");
+    let kept = s.kept_pinned_bytes();
+    assert!(kept >= SPAN as u64, "{kept} kept: piece 0 registered");
+    let part = span(0).start + 4096..span(0).end - 40;
+    assert_eq!(read(part), Strategy::WholeFile, "a part of piece 0: its registration");
+    let third = read(span(2));
+    assert!(matches!(third, Strategy::Ring { .. }), "piece 2 first: {third}");
+    drop((s, budget));
+    t.assert_clean();
+}
+
 /// An empty range through `start` ends as through `to_device`: with an empty
 /// report, whatever the strategy, alone or between transfers queued back to
 /// back (which still land). The windows, ring and hybrid strategies once

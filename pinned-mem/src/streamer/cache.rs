@@ -3,8 +3,9 @@
 //! cached registrations (`Shared::make_room` gives them back to make room
 //! in the budget).
 
+use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::agents::cold::ColdMemo;
 use crate::mapping::MappedFile;
@@ -19,6 +20,38 @@ pub(super) struct State {
     pub(super) ring: Option<PinnedRing>,
     /// How each cold file probed so far is read.
     pub(super) cold: ColdMemo,
+    /// The ranges streamed last.
+    pub(super) recent: Recent,
+}
+
+/// The ranges a streamer streamed last, at most [`Recent::KEPT`]: `Auto`
+/// registers a lone piece of a file larger than the budget whole only when
+/// it was asked for among them (it is read again, so the registration will
+/// be used again); the first time, it goes through the ring.
+#[derive(Default)]
+pub(super) struct Recent {
+    ranges: VecDeque<(Weak<MappedFile>, Range<u64>)>,
+}
+
+impl Recent {
+    /// Ranges remembered.
+    const KEPT: usize = 64;
+
+    /// Whether `range` of `file` lies within one of the ranges remembered.
+    pub(super) fn has(&self, file: &Arc<MappedFile>, range: &Range<u64>) -> bool {
+        self.ranges
+            .iter()
+            .any(|(f, r)| std::ptr::eq(f.as_ptr(), Arc::as_ptr(file)) && r.start <= range.start && range.end <= r.end)
+    }
+
+    /// Remembers `range` of `file`, forgetting the oldest beyond
+    /// [`Recent::KEPT`].
+    pub(super) fn note(&mut self, file: &Arc<MappedFile>, range: &Range<u64>) {
+        if self.ranges.len() >= Self::KEPT {
+            self.ranges.pop_front();
+        }
+        self.ranges.push_back((Arc::downgrade(file), range.clone()));
+    }
 }
 
 pub(super) fn kept(st: &State) -> u64 {

@@ -315,6 +315,12 @@ impl Streamer {
     /// which join during a pass once the copy engine shows room
     /// ([`Breakdown::reserve_threads`] says how many did).
     ///
+    /// A transfer of a range that fits the budget, of a file that does not,
+    /// runs alone through the ring (more threads than the hybrid's, the same
+    /// ring) unless the streamer streamed that range among its last 64
+    /// transfers: a piece read once would cost a registration and its undoing
+    /// for one copy, while a piece read again is registered whole and kept.
+    ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)

@@ -135,6 +135,7 @@ impl Shared {
         }
         // Plan (a chained pass for every transfer queued when it starts).
         let strategy = self.pick(st, file, &range, fed.map_or(len, |f| f.len.max(len)))?;
+        st.recent.note(file, &range);
         let clock = Clock::start(&self.config.budget);
         let stats = Arc::new(PassStats::default());
         // Prepare.

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 use crate::range::{PinOptions, PinnedRange};
 use crate::ring::PinnedRing;
-use crate::strategy::{Strategy, plan};
+use crate::strategy::{Strategy, plan, plan_lone};
 use crate::util::{align_down, align_up, cpus, page_size};
 
 /// The pinned bounce buffer of verification holds at most this many bytes.
@@ -229,7 +229,9 @@ impl Shared {
     /// or what `Auto` picks for `len` bytes (the range's length, or a chained
     /// pass's: see `chain.rs`): the kept registration when there is one of
     /// the range, `O_DIRECT` for a cold range when `len` is larger than the
-    /// budget.
+    /// budget; for a lone range that fits the budget, of a file that does
+    /// not, the ring unless the range was streamed recently
+    /// ([`plan_lone`], `cache::Recent`).
     ///
     /// # Errors
     /// [`Error::BudgetExceeded`] when no strategy fits the budget.
@@ -242,12 +244,23 @@ impl Shared {
             return Ok(Strategy::WholeFile);
         }
         let avail = self.usable(kept(st));
-        let cold = len > avail && {
-            let own = range.end - range.start;
+        let own = range.end - range.start;
+        let cold = || {
             let resident = file.resident_estimate(range.clone()).unwrap_or(own);
             resident < own / 2
         };
-        plan(len, avail, cpus(), cold).ok_or(Error::BudgetExceeded {
+        let planned = plan(len, avail, cpus(), len > avail && cold());
+        // A lone piece of a file the budget cannot hold, not asked for
+        // recently: read once, so through the ring rather than registered.
+        if planned == Some(Strategy::WholeFile)
+            && len == own
+            && file.len() > avail
+            && !st.recent.has(file, range)
+            && let Some(s) = plan_lone(avail, cpus(), cold())
+        {
+            return Ok(s);
+        }
+        planned.ok_or(Error::BudgetExceeded {
             requested: 2 * (64 << 10),
             available: avail,
             limit: self.config.budget.limit(),
