@@ -281,7 +281,9 @@ for stage in "${stages[@]}"; do
     f=$(file16g)
     timeout 300 .gpu/run.sh bench $f --budget 4G --only auto --no-cold --reps 3 \
       --strategy auto/spans=64M,wait --strategy ring:16,4M,8/spans=64M,wait \
-      --strategy ring:32,4M,8/spans=64M,wait --strategy ${LONE_MORE:-auto/spans=64M} \
+      --strategy ring:32,4M,8/spans=64M,wait --strategy ring:32,2M,8/spans=64M,wait \
+      --strategy ring:64,1M,8/spans=64M,wait --strategy ring:16,4M,12/spans=64M,wait \
+      --strategy auto/spans=64M \
       >"$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" 2>&1
     echo "lone pieces rc=$?"
     grep -E "GB/s|line rate|in place" "$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" | grep -v "rep " | head -30
