@@ -275,9 +275,9 @@ for stage in "${stages[@]}"; do
     ;;
   lonepieces)
     # 64 MiB pieces of a 16 GiB file within 4 GiB, each waited for before the next starts (as a
-    # loop of Python read_into runs them), by strategy: auto (LONE_AUTO says what it plans), the
-    # ring (8 threads, 16 or 32 slots), the hybrid and windows of 16 MiB; then auto's pieces
-    # queued at once; then Python's read_into of 64 MiB pieces, one call each.
+    # loop of Python read_into runs them), by strategy: auto (the ring for a piece read once),
+    # then rings of other shapes; then auto's pieces queued at once; then Python's read_into
+    # of 64 MiB pieces, one call each.
     f=$(file16g)
     timeout 300 .gpu/run.sh bench $f --budget 4G --only auto --no-cold --reps 3 \
       --strategy auto/spans=64M,wait --strategy ring:16,4M,8/spans=64M,wait \
