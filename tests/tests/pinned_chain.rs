@@ -355,7 +355,12 @@ fn auto_plans_a_chain_for_its_queued_total() {
     // Nothing of the file is kept registered: the pieces streamed.
     let ring = planned.pinned_bytes(0).unwrap_or(0);
     assert!(s.kept_pinned_bytes() <= ring + (8 << 10), "{} kept", s.kept_pinned_bytes());
-    drop((s, bufs, first, mine, budget));
+    // Every piece of the pass counts as streamed: read again alone, one is
+    // registered whole (and kept).
+    let mut again = DeviceBuffer::<u8>::new(&dev, SPAN).unwrap();
+    assert_eq!(s.start(&file, span(3), &mut again).unwrap().wait().unwrap().strategy, Strategy::WholeFile);
+    assert!(again.to_vec().unwrap() == data[3 * SPAN..4 * SPAN], "piece 3 again");
+    drop((s, bufs, first, mine, budget, again));
     t.assert_clean();
 }
 

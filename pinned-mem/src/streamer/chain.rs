@@ -399,6 +399,11 @@ fn chain_pass(
         Ok(())
     };
     let fed = Fed { feed: chain, len: plan_len };
-    shared.run_fed(&mut st, &Arc::clone(&chain.file), range, sink, on_landed, Some(fed))?;
-    Ok(())
+    let res = shared.run_fed(&mut st, &Arc::clone(&chain.file), range, sink, on_landed, Some(fed));
+    // The streamer remembers every transfer of the pass as streamed (the
+    // first one `run_fed` noted).
+    for seg in lock(&chain.segments).list.iter().skip(1) {
+        st.recent.note(&chain.file, &seg.range);
+    }
+    res.map(|_| ())
 }
