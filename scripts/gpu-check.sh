@@ -274,16 +274,16 @@ for stage in "${stages[@]}"; do
     grep -E "GB/s|line rate|PASS|MISS|KvikIO" "$out/bench-4g-file-cold-hot-auto-kvikio.log" | grep -v "rep " | head -24
     ;;
   lonepieces)
-    # 64 MiB pieces of a 16 GiB file within 4 GiB, each waited for before the next starts (as a
-    # loop of Python read_into runs them), by strategy: auto (the ring for a piece read once),
-    # then rings of other shapes; then auto's pieces queued at once; then Python's read_into
-    # of 64 MiB pieces, one call each.
+    # 64 MiB pieces of a 16 GiB file within 4 GiB, each ordered before a stream (as a loop of
+    # Python read_into runs them) or waited for before the next starts, by strategy: auto (the
+    # ring for a piece read once), a ring of another shape; then auto's pieces queued at once;
+    # then Python's read_into of 64 MiB pieces, one call each.
     f=$(file16g)
+    # LONE_STRATEGIES replaces the list (each KIND:ARGS/spans=...).
+    lone=(${LONE_STRATEGIES:-auto/spans=64M,then auto/spans=64M,wait ring:32,4M,8/spans=64M,then auto/spans=64M})
+    # shellcheck disable=SC2046
     timeout 300 .gpu/run.sh bench $f --budget 4G --only auto --no-cold --reps 3 \
-      --strategy auto/spans=64M,wait --strategy ring:16,4M,8/spans=64M,wait \
-      --strategy ring:32,4M,8/spans=64M,wait --strategy ring:32,2M,8/spans=64M,wait \
-      --strategy ring:64,1M,8/spans=64M,wait --strategy ring:16,4M,12/spans=64M,wait \
-      --strategy auto/spans=64M \
+      $(printf -- '--strategy %s ' "${lone[@]}") \
       >"$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" 2>&1
     echo "lone pieces rc=$?"
     grep -E "GB/s|line rate|in place" "$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-by-strategy.log" | grep -v "rep " | head -30

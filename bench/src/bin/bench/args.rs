@@ -136,16 +136,29 @@ pub struct Custom {
     /// Stream the file as transfers of this many bytes (`Streamer::start`),
     /// all queued at once (`true`: the streamer chains them into one pass)
     /// or each waited for before the next starts (`false`).
-    pub spans: Option<(u64, bool)>,
+    pub spans: Option<(u64, SpanMode)>,
     /// `StreamConfig::reserve_threads` (auto only; else the default).
     pub reserve: Option<usize>,
+}
+
+/// How the transfers of `/spans=SIZE` start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanMode {
+    /// All at once: the streamer runs them as one pass.
+    Queued,
+    /// Each waited for before the next starts.
+    Wait,
+    /// Each ordered before a stream of the caller's (`Transfer::then_on`,
+    /// which returns once its last copy is enqueued) before the next starts:
+    /// as a loop of Python `read_into` calls runs them.
+    Then,
 }
 
 /// A strategy spelled out: `hybrid:WINDOW,SLOT,THREADS`, `ring:SLOTS,SLOT,THREADS`,
 /// `windows:WINDOW,IN_FLIGHT`, `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G) or
 /// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`), then
-/// `/spans=SIZE` or `/spans=SIZE,wait` (transfers of SIZE bytes, queued at once or one at a
-/// time) and then `/cold` (the page cache dropped before each repetition); `auto` may also
+/// `/spans=SIZE`, `/spans=SIZE,wait` or `/spans=SIZE,then` (transfers of SIZE bytes, queued
+/// at once or one at a time: see [`SpanMode`]) and then `/cold` (the page cache dropped before each repetition); `auto` may also
 /// end in `/reserve=N` (`StreamConfig::reserve_threads`).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
     use wirespeed_pinned::{CopyStreams, Strategy};
@@ -159,13 +172,14 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
     };
     let (v, spans) = match v.split_once("/spans=") {
         Some((rest, spec)) => {
-            let (size, queued) = match spec.strip_suffix(",wait") {
-                Some(size) => (size, false),
-                None => (spec, true),
+            let (size, mode) = match (spec.strip_suffix(",wait"), spec.strip_suffix(",then")) {
+                (Some(size), _) => (size, SpanMode::Wait),
+                (_, Some(size)) => (size, SpanMode::Then),
+                _ => (spec, SpanMode::Queued),
             };
             match parse_size(size)? {
                 0 => return Err(format!("{spec}: a span must hold at least one byte")),
-                n => (rest, Some((n, queued))),
+                n => (rest, Some((n, mode))),
             }
         }
         None => (v, None),
@@ -194,7 +208,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         ("windows", [w, k]) => Strategy::Windows { window: size(w)?, in_flight: count(k)? },
         _ => {
             return Err(format!(
-                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /streams=one|ring|thread, then /spans=SIZE[,wait], then /cold)"
+                "{v}: not one of hybrid:W,SLOT,T ring:N,SLOT,T direct:N,SLOT,T windows:W,K auto (each may end in /streams=one|ring|thread, then /spans=SIZE[,wait|,then], then /cold)"
             ));
         }
     };
@@ -245,8 +259,10 @@ pub struct Options {
     /// `custom-1`, `custom-2`, ... after the others: for trying what `auto` could pick. `auto` and
     /// a `/streams=one|ring|thread` suffix (the streams the copies go on: the streamer's, a second
     /// one for the ring threads, one per ring thread), then `/spans=SIZE` (the file as transfers of
-    /// SIZE bytes, all started at once: the streamer runs them as one pass) or `/spans=SIZE,wait`
-    /// (each waited for before the next starts) and then `/cold` (the page cache dropped before
+    /// SIZE bytes, all started at once: the streamer runs them as one pass), `/spans=SIZE,wait`
+    /// (each waited for before the next starts) or `/spans=SIZE,then` (each ordered before a
+    /// stream, waiting until its last copy is enqueued, before the next starts: as a loop of
+    /// Python `read_into` calls) and then `/cold` (the page cache dropped before
     /// each repetition; such rows run after the cold rows) are accepted too; `auto` may end in
     /// `/reserve=N` (ring threads auto's hybrid keeps in reserve; default 1, 0 for none)
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]

@@ -1,7 +1,7 @@
 //! Every run of the file, in the plan's order (the cold runs last: they
 //! empty the page cache), and what each of the library's rows runs.
 
-use crate::args::Custom;
+use crate::args::{Custom, SpanMode};
 use crate::data::Data;
 use crate::plan::{FileRun, Lib};
 use crate::results::{Kind, Row};
@@ -219,8 +219,12 @@ impl Specs {
             None => String::new(),
         };
         let spans = match custom.spans {
-            Some((n, true)) => format!(", as transfers of {} started at once (one pass)", fmt_bytes(n)),
-            Some((n, false)) => format!(", as transfers of {} started one after the other", fmt_bytes(n)),
+            Some((n, SpanMode::Queued)) => format!(", as transfers of {} started at once (one pass)", fmt_bytes(n)),
+            Some((n, SpanMode::Wait)) => format!(", as transfers of {} started one after the other", fmt_bytes(n)),
+            Some((n, SpanMode::Then)) => format!(
+                ", as transfers of {} each ordered before a stream before the next starts (a loop of Python read_into)",
+                fmt_bytes(n)
+            ),
             None => String::new(),
         };
         let what = format!(

@@ -2,6 +2,7 @@
 //! the streamer made once or for every repetition, the file mapped once or
 //! anew, the page cache kept or dropped.
 
+use crate::args::SpanMode;
 use crate::data::Data;
 use crate::progress::Callback;
 use crate::results::{Intact, Kind, Row};
@@ -11,7 +12,7 @@ use crate::util::{Fatal, MIB, Result};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
-use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut};
+use wirespeed_cuda::{Device, DeviceBuffer, DeviceSliceMut, Stream};
 use wirespeed_pinned::{Breakdown, MappedFile, PinBudget, Report, Strategy, StreamConfig, Streamer};
 
 /// One of the library's strategies.
@@ -38,7 +39,7 @@ pub struct LibRun {
     pub copy_streams: wirespeed_pinned::CopyStreams,
     /// The range as transfers of this many bytes, queued at once or one at a
     /// time (see `Custom::spans`).
-    pub spans: Option<(u64, bool)>,
+    pub spans: Option<(u64, SpanMode)>,
     /// `StreamConfig::reserve_threads`, when not the default.
     pub reserve: Option<usize>,
     /// Map the file anew for every repetition, inside the timed region (the
@@ -52,10 +53,10 @@ fn transfer(
     file: &Arc<MappedFile>,
     range: &Range<u64>,
     target: &mut Dest,
-    spans: Option<(u64, bool)>,
+    spans: Option<(u64, SpanMode)>,
 ) -> Result<Report> {
-    if let Some((span, queued)) = spans {
-        return transfer_spans(streamer, file, range, target, span, queued);
+    if let Some((span, mode)) = spans {
+        return transfer_spans(streamer, file, range, target, span, mode);
     }
     Ok(if target.scratch {
         streamer.to_scratch(file, range.clone(), &mut target.buf)?
@@ -65,9 +66,7 @@ fn transfer(
 }
 
 /// The range as transfers of `span` bytes into consecutive parts of the
-/// destination (`Streamer::start`): all started at once (`queued`: the
-/// streamer takes each into the running pass) or each waited for before the
-/// next starts. Answers the first transfer's report with the registrations
+/// destination (`Streamer::start`), started as `mode` says. Answers the first transfer's report with the registrations
 /// of all, the highest peak, `chained` when every later transfer was, and the
 /// breakdown of all their passes.
 fn transfer_spans(
@@ -76,7 +75,7 @@ fn transfer_spans(
     range: &Range<u64>,
     target: &mut Dest,
     span: u64,
-    queued: bool,
+    mode: SpanMode,
 ) -> Result<Report> {
     let len = range.end - range.start;
     if target.scratch || len > target.buf.len() as u64 {
@@ -85,6 +84,10 @@ fn transfer_spans(
     let dev = target.buf.device();
     let base = target.buf.as_raw_ptr();
     let totals = streamer.totals();
+    let consumer = match mode {
+        SpanMode::Then => Some(Stream::new(&dev)?),
+        _ => None,
+    };
     let mut reports = Vec::new();
     let mut pending = Vec::new();
     let mut failed = None;
@@ -101,10 +104,16 @@ fn transfer_spans(
         let started = dst
             .map_err(Fatal::from)
             .and_then(|dst| Ok(streamer.start(file, range.start + off..range.start + off + n, dst)?));
-        match started {
-            Ok(t) if queued => pending.push(t),
-            Ok(t) => reports.push(t.wait()),
-            Err(e) => failed = Some(e),
+        match (started, &consumer) {
+            (Ok(t), Some(c)) => {
+                if let Err(e) = t.then_on(c) {
+                    failed = Some(e.into());
+                }
+                pending.push(t);
+            }
+            (Ok(t), None) if mode == SpanMode::Queued => pending.push(t),
+            (Ok(t), None) => reports.push(t.wait()),
+            (Err(e), _) => failed = Some(e),
         }
         off += n;
     }
