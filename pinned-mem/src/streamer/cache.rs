@@ -1,5 +1,6 @@
 //! What the streamer keeps between calls: its whole-file registrations (least
-//! recently used first), its ring, how it reads each cold file, how much they pin, finding and dropping
+//! recently used first), its ring, how it reads each cold file, the ranges it
+//! streamed last, how much they pin, finding and dropping
 //! cached registrations (`Shared::make_room` gives them back to make room
 //! in the budget).
 

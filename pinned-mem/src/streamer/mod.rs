@@ -51,7 +51,8 @@
 //!   parts of the range they claim (`Claims`), `sink.rs`: where the pieces
 //!   go (destinations, a scratch buffer, chunks), `stream_set.rs`,
 //!   `spans.rs`: ranges that share no byte, found by offset (`Spans`);
-//! * `cache.rs`: what the streamer keeps between calls (registrations, ring),
+//! * `cache.rs`: what the streamer keeps between calls (registrations, ring,
+//!   the ranges it streamed last),
 //!   `checks.rs`: the checks of a transfer's arguments;
 //! * `config.rs`, `report.rs`: [`StreamConfig`] and [`Progress`], [`Report`]
 //!   and its [`Breakdown`]; `stats.rs`: the counters a pass's agents add to.
@@ -315,11 +316,9 @@ impl Streamer {
     /// which join during a pass once the copy engine shows room
     /// ([`Breakdown::reserve_threads`] says how many did).
     ///
-    /// A transfer of a range that fits the budget, of a file that does not,
-    /// runs alone through the ring (more threads than the hybrid's, the same
-    /// ring) unless the streamer streamed that range among its last 64
-    /// transfers: a piece read once would cost a registration and its undoing
-    /// for one copy, while a piece read again is registered whole and kept.
+    /// A lone range that fits the budget, of a file that does not, streams
+    /// through the ring (the hybrid's, with more threads) unless it was among
+    /// the streamer's last 64 transfers; then it is registered whole and kept.
     ///
     /// ```
     /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
