@@ -38,11 +38,16 @@ impl Recent {
     /// Ranges remembered.
     const KEPT: usize = 64;
 
-    /// Whether `range` of `file` lies within one of the ranges remembered.
-    pub(super) fn has(&self, file: &Arc<MappedFile>, range: &Range<u64>) -> bool {
-        self.ranges
-            .iter()
-            .any(|(f, r)| std::ptr::eq(f.as_ptr(), Arc::as_ptr(file)) && r.start <= range.start && range.end <= r.end)
+    /// Whether `range` of `file` lies within one of the ranges remembered
+    /// that is at most `most` bytes long (a pass over a longer range, the
+    /// whole file say, does not make each of its pieces one read again).
+    pub(super) fn has(&self, file: &Arc<MappedFile>, range: &Range<u64>, most: u64) -> bool {
+        self.ranges.iter().any(|(f, r)| {
+            std::ptr::eq(f.as_ptr(), Arc::as_ptr(file))
+                && r.start <= range.start
+                && range.end <= r.end
+                && r.end - r.start <= most
+        })
     }
 
     /// Remembers `range` of `file`, forgetting the oldest beyond

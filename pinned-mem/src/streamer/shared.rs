@@ -255,7 +255,7 @@ impl Shared {
         if planned == Some(Strategy::WholeFile)
             && len == own
             && file.len() > avail
-            && !st.recent.has(file, range)
+            && !st.recent.has(file, range, avail)
             && let Some(s) = plan_lone(avail, cpus(), cold())
         {
             return Ok(s);
