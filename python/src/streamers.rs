@@ -79,7 +79,9 @@ pub(crate) fn mapped(path: &Path) -> PyResult<Arc<MappedFile>> {
 /// make with the kept streamer of (`device`, `budget`, `strategy`): the
 /// streamer, the file's mapping, and the streamer's pinned ring and
 /// registration context for the plan of `span` bytes
-/// (`Streamer::prepare`), so that a first pass runs as later ones do.
+/// (`Streamer::prepare`; for the file's plan where spans fit the budget and
+/// the file does not, since a span read alone streams through that plan's
+/// ring), so that a first pass runs as later ones do.
 /// Answers whether those transfers run from the whole file registered and
 /// kept (a whole-file plan, the file within the budget): the first of them
 /// registers it, which the caller may do ahead with a read of a page.
@@ -100,7 +102,13 @@ pub(crate) fn _prepare(
     let plan = py.detach(|| s.prepare(span)).map_err(err)?;
     let whole = Strategy::WholeFile.pinned_bytes(file.len());
     let room = s.config().budget.available().saturating_add(s.kept_pinned_bytes());
-    Ok(plan == Strategy::WholeFile && whole.is_some_and(|w| w <= room))
+    let fits = whole.is_some_and(|w| w <= room);
+    if plan == Strategy::WholeFile && !fits {
+        // Spans that fit, of a file that does not: one read alone streams
+        // through the ring of the file's own plan, made now.
+        py.detach(|| s.prepare(file.len())).map_err(err)?;
+    }
+    Ok(plan == Strategy::WholeFile && fits)
 }
 
 /// Host bytes the kept streamers pin now, drawn from their budgets.

@@ -75,6 +75,21 @@ def test_a_file_larger_than_the_budget_gets_its_ring_ahead(clean, tmp_path):
     assert counters()["pinned_allocs"] == allocs
 
 
+def test_a_piece_of_a_file_larger_than_the_budget_gets_the_ring_it_streams_through(clean, tmp_path):
+    data = pattern(6 * MIB + 5)
+    path = tmp_path / "data.bin"
+    path.write_bytes(data)
+    piece = 512 * 1024  # fits the budget; read once, it streams through the file's ring
+    wirespeed.prepare(path, MIB, piece, budget=2 * MIB)
+    allocs = counters()["pinned_allocs"]
+    assert allocs > 0 and counters()["registrations"] == 0
+    dst = wirespeed._DeviceArray(piece)
+    r = wirespeed.read_into(dst, path, MIB, piece, budget=2 * MIB, sync=True)
+    assert dst.to_bytes() == data[MIB:MIB + piece]
+    assert "ring" in r.strategy and r.registrations == 0
+    assert counters()["pinned_allocs"] == allocs
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_threads_set_the_rings_threads(clean, threads):
     try:
