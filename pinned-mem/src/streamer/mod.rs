@@ -339,7 +339,9 @@ impl Streamer {
     /// ([`StreamConfig::second_context`]). A streamer keeps both, so only its
     /// first transfer pays for them, and this moves that cost to when you
     /// choose (start-up, say, or another thread: a `Streamer` is `Sync`).
-    /// Returns the plan. A streamer dropped while the program holds its
+    /// Returns the plan. For pieces of a file larger than the budget, pass
+    /// the file's length: a piece read once streams through that plan's ring
+    /// (see [`Streamer::resolve`]). A streamer dropped while the program holds its
     /// budget parks both with the budget for the next streamer on it (see
     /// [`PinBudget`](crate::PinBudget)); otherwise dropping it gives both
     /// back.
