@@ -14,6 +14,7 @@ file, and the transfers: how many, how many ran chained to the one before
 check passed.
 
     python bench/python_pieces.py PATH [--piece-mib 64] [--budget-mib 4096] [--passes 5]
+                                       [--piece-strategy auto|whole-file]
 """
 
 import argparse
@@ -37,6 +38,8 @@ def main():
     ap.add_argument("--piece-mib", type=int, default=64)
     ap.add_argument("--budget-mib", type=int, default=4096)
     ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--piece-strategy", default="auto",
+                    help="the strategy of the one-call-per-piece loop (auto, or whole-file: each piece registered)")
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
     size = os.path.getsize(args.path)
@@ -91,7 +94,7 @@ def main():
 
     def pieces():
         return [wirespeed.read_into(dst[o:o + min(piece, size - o)], args.path, o, min(piece, size - o),
-                                    budget=budget) for o in range(0, size, piece)]
+                                    budget=budget, strategy=args.piece_strategy) for o in range(0, size, piece)]
 
     def many():
         return wirespeed.read_into_many(
@@ -101,7 +104,7 @@ def main():
         return [wirespeed.read_into(dst, args.path, budget=budget)]
 
     w = timed("read_into, one call", whole)
-    p = timed(f"read_into, {args.piece_mib} MiB pieces queued", pieces)
+    p = timed(f"read_into, {args.piece_mib} MiB pieces queued ({args.piece_strategy})", pieces)
     m = timed(f"read_into_many, {args.piece_mib} MiB pieces", many)
     for name, rate in (("pieces, read_into each", p), ("pieces, read_into_many", m)):
         print(f"{name}: {rate / line:.2f} x line (goal 0.80: {'PASS' if rate / line >= 0.80 else 'MISS'}), "

@@ -291,6 +291,17 @@ for stage in "${stages[@]}"; do
     timeout 150 python3 bench/python_pieces.py $f --passes 5 >"$out/python-16g-file-64m-pieces-read-into-lone-ring.log" 2>&1
     echo "python pieces rc=$?"; grep -vE " pass [0-9]" "$out/python-16g-file-64m-pieces-read-into-lone-ring.log" | tail -8
     ;;
+  pyloop)
+    # Python's loop of read_into over 64 MiB pieces of a 16 GiB file within 4 GiB: through the
+    # ring (auto), then each piece registered whole (what auto did before), alternating.
+    python_env || { echo "no wheel"; continue; }
+    f=$(file16g)
+    for s in auto whole-file auto whole-file; do
+      timeout 100 python3 bench/python_pieces.py $f --passes 3 --piece-strategy $s
+      echo "python pieces $s rc=$?"
+    done >"$out/python-16g-file-64m-pieces-read-into-ring-against-registered.log" 2>&1
+    grep -E "median|line rate" "$out/python-16g-file-64m-pieces-read-into-ring-against-registered.log"
+    ;;
   *) echo "unknown stage $stage" ;;
   esac
 done
