@@ -296,7 +296,7 @@ for stage in "${stages[@]}"; do
     # ring (auto), then each piece registered whole (what auto did before), alternating.
     python_env || { echo "no wheel"; continue; }
     f=$(file16g)
-    for s in auto whole-file auto whole-file; do
+    for s in ${PYLOOP_WAYS:-auto whole-file auto whole-file}; do
       timeout 100 python3 bench/python_pieces.py $f --passes 3 --piece-strategy $s
       echo "python pieces $s rc=$?"
     done >"$out/python-16g-file-64m-pieces-read-into-ring-against-registered.log" 2>&1
