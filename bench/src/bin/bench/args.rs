@@ -134,8 +134,7 @@ pub struct Custom {
     /// Run with the page cache dropped before each repetition, after the cold rows.
     pub cold: bool,
     /// Stream the file as transfers of this many bytes (`Streamer::start`),
-    /// all queued at once (`true`: the streamer chains them into one pass)
-    /// or each waited for before the next starts (`false`).
+    /// started as the [`SpanMode`] says.
     pub spans: Option<(u64, SpanMode)>,
     /// `StreamConfig::reserve_threads` (auto only; else the default).
     pub reserve: Option<usize>,
@@ -158,8 +157,8 @@ pub enum SpanMode {
 /// `windows:WINDOW,IN_FLIGHT`, `direct:SLOTS,SLOT,THREADS` (sizes with K/M/G) or
 /// `auto`, each optionally followed by `/streams=one|ring|thread` (see `CopyStreams`), then
 /// `/spans=SIZE`, `/spans=SIZE,wait` or `/spans=SIZE,then` (transfers of SIZE bytes, queued
-/// at once or one at a time: see [`SpanMode`]) and then `/cold` (the page cache dropped before each repetition); `auto` may also
-/// end in `/reserve=N` (`StreamConfig::reserve_threads`).
+/// at once or one at a time: see [`SpanMode`]) and then `/cold` (the page cache dropped before
+/// each repetition); `auto` may also end in `/reserve=N` (`StreamConfig::reserve_threads`).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
     use wirespeed_pinned::{CopyStreams, Strategy};
     let (v, reserve) = match v.rsplit_once("/reserve=") {

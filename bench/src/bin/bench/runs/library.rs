@@ -37,8 +37,8 @@ pub struct LibRun {
     pub reps: usize,
     /// `StreamConfig::copy_streams`.
     pub copy_streams: wirespeed_pinned::CopyStreams,
-    /// The range as transfers of this many bytes, queued at once or one at a
-    /// time (see `Custom::spans`).
+    /// The range as transfers of this many bytes, started as the mode says
+    /// (see `Custom::spans`).
     pub spans: Option<(u64, SpanMode)>,
     /// `StreamConfig::reserve_threads`, when not the default.
     pub reserve: Option<usize>,
