@@ -20,6 +20,7 @@ except ImportError:
     torch = None
 
 import wirespeed
+from line_rate import line_rate  # beside this script
 from wirespeed import _native
 
 SIZES = [4 << 10, 512 << 10, 2560 << 10, 16 << 20]
@@ -35,15 +36,7 @@ def main():
         return 2
     dev = torch.device("cuda", args.device)
     torch.cuda.set_device(dev)
-    line_src = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
-    line_dst = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    line_dst.copy_(line_src, non_blocking=True)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(8):
-        line_dst.copy_(line_src, non_blocking=True)
-    torch.cuda.synchronize()
-    line = 8 * (256 << 20) / (time.perf_counter() - t) / 1e9
+    line = line_rate(torch, dev)
     print(f"line rate {line:.2f} GB/s; {args.calls} calls per row")
 
     ok = True

@@ -25,6 +25,7 @@ import time
 import torch  # first: wirespeed then uses the CUDA runtime torch loaded
 
 import wirespeed
+from line_rate import line_rate  # beside this script
 
 
 def cpu_now():
@@ -46,16 +47,7 @@ def main():
     piece, budget = args.piece_mib << 20, args.budget_mib << 20
     dst = torch.empty(size, dtype=torch.uint8, device=dev)
 
-    line_src = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
-    line_dst = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    line_dst.copy_(line_src, non_blocking=True)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(8):
-        line_dst.copy_(line_src, non_blocking=True)
-    torch.cuda.synchronize()
-    line = 8 * (256 << 20) / (time.perf_counter() - t0) / 1e9
-    del line_src, line_dst
+    line = line_rate(torch, dev)
     print(f"{args.path}: {size / 2**30:.2f} GiB, pieces of {args.piece_mib} MiB, budget {args.budget_mib} MiB; "
           f"line rate {line:.2f} GB/s")
 
