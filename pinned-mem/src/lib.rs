@@ -115,6 +115,7 @@ pub use shuffle::{
 };
 pub use strategy::Strategy;
 pub use streamer::{
-    Breakdown, CopyStreams, Progress, Report, StartOptions, StreamConfig, Streamer, Transfer, WindowContext,
+    Breakdown, CopyStreams, MAX_READ_AHEAD, Progress, Report, StartOptions, StreamConfig, Streamer, Transfer,
+    WindowContext,
 };
 pub use util::Bytes;

@@ -8,7 +8,7 @@
 //! | `PinBudget::new`, `PinBudget::reserve`              | `budgets_at_every_bound` |
 //! | `PinnedRing::new` (slots, slot bytes), `acquire_timeout`, `FreeSlot::fill`, `read_from`, `SlotSource::slice` | `rings_at_every_bound`, `a_ring_of_2_pow_40_slots_is_a_typed_error` |
 //! | `Strategy` (windows, in flight, slots, slot bytes, threads) | `strategies_at_every_bound` |
-//! | `StreamConfig::reserve_threads`, `reserve_room`     | `stream_config_knobs_at_every_bound`, `reserve_threads_are_bounded` |
+//! | `StreamConfig::reserve_threads`, `reserve_room`, `read_ahead` | `stream_config_knobs_at_every_bound`, `reserve_threads_are_bounded` |
 //! | `Streamer::resolve`, `prepare` (file lengths)       | `resolve_and_prepare_of_any_length_are_overflow_free` |
 //! | transfer ranges, `for_each_chunk`'s chunk, scratch sizes, `Transfer` timeouts | `streamer_calls_at_every_bound` |
 //! | `PinnedRange` ranges and slices, `PinOptions`, `MappedFile` ranges (`bytes`, `populate`, `resident_bytes`) and `device_buffer` sizes | `ranges_and_mappings_at_every_bound` |
@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 use wirespeed_pinned::{
-    Error, MappedFile, Permutation, PinBudget, PinOptions, PinnedRange, PinnedRing, Records, Sharding, Strategy,
-    StreamConfig, Streamer,
+    Error, MAX_READ_AHEAD, MappedFile, Permutation, PinBudget, PinOptions, PinnedRange, PinnedRing, Records, Sharding,
+    Strategy, StreamConfig, Streamer,
 };
 use wirespeed_tests::{Ctx, TempDir, Watchdog, open_mapped, start, write_pattern_file};
 
@@ -351,6 +351,16 @@ fn stream_config_knobs_at_every_bound() {
         match stream_all(cfg, &f, &data) {
             Ok(()) => assert!(!room.is_nan()),
             Err(e) => assert!(invalid(&e) && room.is_nan(), "reserve_room {room}: {e}"),
+        }
+    }
+    let secs = [0, 1, 60, 61, TIB, u64::MAX];
+    let waits = secs.map(Duration::from_secs).into_iter().chain([Duration::from_nanos(1), Duration::MAX]);
+    for wait in waits {
+        let ring = Strategy::Ring { slots: 4, slot: 64 << 10, threads: 2 };
+        let cfg = StreamConfig::new(ring, budget.clone()).with_read_ahead(wait);
+        match stream_all(cfg, &f, &data) {
+            Ok(()) => assert!(wait <= MAX_READ_AHEAD, "a read-ahead of {wait:?}"),
+            Err(e) => assert!(invalid(&e) && wait > MAX_READ_AHEAD, "a read-ahead of {wait:?}: {e}"),
         }
     }
     clean(&t, &budget);

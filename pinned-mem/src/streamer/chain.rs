@@ -34,18 +34,29 @@
 //! the pass goes on with the next. If the pass fails, the transfers it had
 //! written to fail with it; those it had not written to yet run again on
 //! their own.
+//!
+//! A program that reads sequential pieces one at a time queues the next
+//! only once the last has its copies enqueued, when the pass has ended. With
+//! [`StreamConfig::read_ahead`](super::StreamConfig::read_ahead), a ring
+//! pass that finds nothing queued once it has claimed its transfers goes on
+//! with the bytes that follow the last one ([`Ahead`]): its threads fill
+//! slots with them and hold them (`Feed::settle`) until a transfer that
+//! starts there takes them, as if it had been queued all along, or until
+//! they are dropped (anything else queued, a thread waiting to take the
+//! streamer, the pass failing, the time running out).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wirespeed_cuda::locks::lock;
 use wirespeed_cuda::{DetachedSliceMut, Event, EventOptions, Stream};
 
-use super::claims::{Fed, Feed, Gate};
+use super::claims::{Fed, Feed, Gate, Settled};
 use super::config::CopyStreams;
 use super::ctx::{TAIL_SPIN, wait_tail};
-use super::queue::JobQueue;
+use super::queue::{JobQueue, Next};
 use super::report::{Breakdown, Report, WindowContext};
 use super::shared::Shared;
 use super::sink::{Sink, Slicer};
@@ -127,12 +138,48 @@ impl Drop for Segment {
 }
 
 /// The transfers of a pass, in the order it took them, and the index of
-/// each by its range.
+/// each by its range; and the bytes read ahead after them.
 #[derive(Default)]
 struct Segments {
     list: Vec<Segment>,
     by_range: Spans<usize>,
+    ahead: Option<Ahead>,
 }
+
+/// Bytes read ahead of their transfer ([`StreamConfig::read_ahead`]): the
+/// range that follows the pass's last transfer, filled while the pass waits
+/// for a transfer to take it.
+///
+/// [`StreamConfig::read_ahead`]: super::StreamConfig::read_ahead
+struct Ahead {
+    range: Range<u64>,
+    /// When it is dropped if no transfer has taken it.
+    until: Instant,
+    state: AheadState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AheadState {
+    /// No transfer has taken it yet: its parts wait, filled.
+    Waiting,
+    /// Transfer `index` took it; `rest` is the part of that transfer's
+    /// range after it, until given to the claims.
+    Taken { index: usize, rest: Option<Range<u64>> },
+    /// None will: its parts are dropped, and the pass reads ahead no more.
+    Dropped,
+}
+
+/// What a part read ahead waits for before it may be copied.
+enum Wait {
+    /// A transfer to take the bytes read ahead, of this range.
+    Transfer(Range<u64>),
+    /// The gate of the transfer that took them.
+    Gate(Arc<Gate>),
+}
+
+/// How long the wait for a transfer to take bytes read ahead lasts before
+/// it looks again at whether the pass is over or the streamer is wanted.
+const AHEAD_LOOK: Duration = Duration::from_micros(200);
 
 impl Segments {
     /// Adds `seg`, whose range the caller made sure overlaps none here
@@ -161,6 +208,11 @@ pub(super) struct Chain<'q> {
     leftover: Mutex<Option<Job>>,
     /// The pass's strategy, window context and counters, once it began.
     pass: OnceLock<(Strategy, WindowContext, Arc<PassStats>)>,
+    /// How long bytes read ahead wait for their transfer (zero: none are).
+    read_ahead: Duration,
+    /// Threads waiting to take the streamer: bytes read ahead are dropped
+    /// rather than keep them waiting.
+    entering: &'q AtomicUsize,
 }
 
 impl Chain<'_> {
@@ -174,15 +226,136 @@ impl Chain<'_> {
     fn joins(&self, job: &Job) -> bool {
         Arc::ptr_eq(&job.file, &self.file) && job.range.start < job.range.end && job.dst.is_settled()
     }
+
+    /// Starts reading ahead, when the pass may: reading ahead is on, the
+    /// pass streams through the ring (from the mapping), it has not dropped
+    /// bytes read ahead before, and no transfer of it waits for what it must
+    /// follow (its filled parts would hold slots meanwhile). The range
+    /// follows the pass's last transfer: as long as that one, within half
+    /// the ring's slots (the other half keeps the pass's own parts going)
+    /// and the file.
+    fn read_ahead(&self, segments: &mut Segments) -> Option<Range<u64>> {
+        if self.read_ahead.is_zero() {
+            return None;
+        }
+        let Some((Strategy::Ring { slots, slot, .. }, _, _)) = self.pass.get() else { return None };
+        let again = segments.ahead.as_ref().is_none_or(|a| matches!(a.state, AheadState::Taken { rest: None, .. }));
+        if !again || segments.list.iter().any(|s| s.gate.as_ref().is_some_and(|g| !g.is_open())) {
+            return None;
+        }
+        let last = segments.list.last()?.range.clone();
+        let most = (*slots as u64 / 2).saturating_mul(*slot as u64);
+        let end = last.end.saturating_add((last.end - last.start).min(most)).min(self.file.len());
+        let range = last.end..end;
+        if range.start >= range.end || segments.by_range.overlaps(&range) {
+            return None;
+        }
+        let now = Instant::now();
+        let until = now.checked_add(self.read_ahead).unwrap_or(now);
+        segments.ahead = Some(Ahead { range: range.clone(), until, state: AheadState::Waiting });
+        Some(range)
+    }
+
+    /// Waits, while bytes read ahead (those of `which`, or whichever) wait
+    /// for their transfer, until one takes them or none will. The first
+    /// transfer queued takes them when it starts where they do, reaches at
+    /// least their end, and can join the pass; anything else queued, a
+    /// thread waiting to take the streamer, `stop`, the time running out or
+    /// the queue closing drops them. Several threads may wait at once: each
+    /// looks at the queue for a short slice at a time, and returns as soon
+    /// as the bytes it waits for are taken or dropped (a thread holding a
+    /// part of earlier bytes read ahead must not wait for later ones).
+    fn resolve(&self, stop: &dyn Fn() -> bool, which: Option<&Range<u64>>) {
+        loop {
+            let (range, until) = match &lock(&self.segments).ahead {
+                Some(Ahead { range, until, state: AheadState::Waiting }) if which.is_none_or(|w| w == range) => {
+                    (range.clone(), *until)
+                }
+                _ => return,
+            };
+            let now = Instant::now();
+            let give_up = now >= until || stop() || self.entering.load(Ordering::SeqCst) > 0;
+            let most = if give_up { Duration::ZERO } else { (until - now).min(AHEAD_LOOK) };
+            let next = lock(self.queue).take_if_within(most, |job| {
+                self.joins(job)
+                    && job.range.start == range.start
+                    && job.range.end >= range.end
+                    && !lock(&self.segments).by_range.overlaps(&job.range)
+            });
+            let mut segments = lock(&self.segments);
+            let still = segments.ahead.as_ref().is_some_and(|a| a.state == AheadState::Waiting && a.range == range);
+            match next {
+                Next::Taken(job) if still => {
+                    self.take_ahead(&mut segments, *job);
+                    return;
+                }
+                Next::Taken(job) => {
+                    // Taken or dropped meanwhile by another thread: the
+                    // transfer comes next, as any queued one.
+                    drop(segments);
+                    lock(self.queue).put_back(vec![*job]);
+                }
+                Next::Nothing if !give_up => {}
+                Next::Nothing | Next::Other | Next::Closed => {
+                    if let Some(a) = segments.ahead.as_mut().filter(|_| still) {
+                        a.state = AheadState::Dropped;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// `job` takes the bytes read ahead: it joins the pass (what it must
+    /// follow ordered as for any transfer joining it), and the part of its
+    /// range after them is given to the claims next.
+    fn take_ahead(&self, segments: &mut Segments, job: Job) {
+        let Some(ahead) = segments.ahead.as_ref() else { return };
+        let rest = (ahead.range.end < job.range.end).then_some(ahead.range.end..job.range.end);
+        let mut seg = Segment::new(job, true, self.budget, self.counts());
+        if seg.after.as_ref().is_some_and(|ev| ev.query().unwrap_or(false)) {
+            seg.after = None;
+        }
+        seg.gate = seg.after.is_some().then(|| Arc::new(Gate::default()));
+        let index = segments.list.len();
+        segments.push(seg);
+        if let Some(a) = segments.ahead.as_mut() {
+            a.state = AheadState::Taken { index, rest };
+        }
+        open_ready(&mut segments.list, self.streams);
+    }
+
+    /// The rest of the transfer that took the bytes read ahead, with its
+    /// gate, once: what the pass claims next.
+    fn rest_of_ahead(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+        let mut g = lock(&self.segments);
+        let segments = &mut *g;
+        match segments.ahead.as_mut().map(|a| &mut a.state) {
+            Some(AheadState::Taken { index, rest }) => {
+                let gate = segments.list.get(*index).and_then(|s| s.gate.clone());
+                rest.take().map(|r| (r, gate))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Feed for Chain<'_> {
-    fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+    fn next_range(&self, stop: &dyn Fn() -> bool) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+        // Bytes read ahead are taken or dropped first; the rest of the
+        // transfer that took them comes next.
+        self.resolve(stop, None);
+        if let Some(rest) = self.rest_of_ahead() {
+            return Some(rest);
+        }
         let mut leftover = lock(&self.leftover);
         if leftover.is_some() {
             return None;
         }
-        let job = lock(self.queue).try_next()?;
+        let Some(job) = lock(self.queue).try_next() else {
+            drop(leftover);
+            return self.read_ahead(&mut lock(&self.segments)).map(|r| (r, None));
+        };
         let mut segments = lock(&self.segments);
         if !self.joins(&job) || segments.by_range.overlaps(&job.range) {
             *leftover = Some(job);
@@ -200,6 +373,59 @@ impl Feed for Chain<'_> {
         segments.push(seg);
         open_ready(&mut segments.list, self.streams);
         Some((range, gate))
+    }
+
+    fn settle(&self, part: &Range<u64>, stop: &dyn Fn() -> bool) -> Settled {
+        // Whether the part was filled before its transfer came.
+        let mut early = false;
+        loop {
+            let wait = {
+                let segments = lock(&self.segments);
+                let ahead = segments.ahead.as_ref().filter(|a| a.range.contains(&part.start));
+                match ahead.map(|a| (&a.state, &a.range)) {
+                    Some((AheadState::Waiting, range)) => Wait::Transfer(range.clone()),
+                    Some((AheadState::Dropped, _)) => return Settled::Drop,
+                    _ => {
+                        // A transfer's part: copied once what it must
+                        // follow is ordered (its gate open).
+                        let seg = segments.find(part.start).and_then(|i| segments.list.get(i));
+                        match seg.and_then(|s| s.gate.clone()).filter(|g| !g.is_open()) {
+                            Some(gate) => Wait::Gate(gate),
+                            None if early => return Settled::ReadAhead,
+                            None => return Settled::Copy,
+                        }
+                    }
+                }
+            };
+            match wait {
+                Wait::Transfer(range) => {
+                    early = true;
+                    self.resolve(stop, Some(&range));
+                }
+                Wait::Gate(gate) => {
+                    if !gate.wait(AHEAD_LOOK) && stop() {
+                        return Settled::Drop;
+                    }
+                }
+            }
+        }
+    }
+
+    fn dropped(&self, part: &Range<u64>) -> bool {
+        let segments = lock(&self.segments);
+        segments.ahead.as_ref().is_some_and(|a| a.range.contains(&part.start) && a.state == AheadState::Dropped)
+    }
+
+    fn unreadable(&self, part: &Range<u64>) -> bool {
+        let mut segments = lock(&self.segments);
+        match segments.ahead.as_mut().filter(|a| a.range.contains(&part.start)) {
+            Some(a) if a.state == AheadState::Waiting => {
+                a.state = AheadState::Dropped;
+                true
+            }
+            Some(a) => a.state == AheadState::Dropped,
+            None => false,
+        }
     }
 }
 
@@ -317,6 +543,8 @@ pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<JobQueue>, plan
         segments: Mutex::new(Segments::default()),
         leftover: Mutex::new(None),
         pass: OnceLock::new(),
+        read_ahead: shared.config.read_ahead,
+        entering: &shared.entering,
     };
     let range = job.range.clone();
     let after = job.after.take();

@@ -16,8 +16,43 @@ use crate::strategy::Strategy;
 pub(super) trait Feed: Sync {
     /// The next range of the pass (it shares no byte with the pass's other
     /// ranges, but may lie before them), and the gate it waits behind, if
-    /// any; `None` when there is none now (the pass then takes no more).
-    fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)>;
+    /// any; `None` when there is none now (the pass then takes no more). It
+    /// may wait (for a transfer to take bytes read ahead) until `stop` says
+    /// the pass is over.
+    fn next_range(&self, stop: &dyn Fn() -> bool) -> Option<(Range<u64>, Option<Arc<Gate>>)>;
+
+    /// Waits, before the copies of `part` (filled) are enqueued, until they
+    /// may be: at once for a part of a transfer the pass has; for a part
+    /// read ahead of its transfer (`chain.rs`), until a transfer takes it
+    /// (and what it must follow is ordered), or none will, or `stop` says
+    /// the pass is over.
+    fn settle(&self, _part: &Range<u64>, _stop: &dyn Fn() -> bool) -> Settled {
+        Settled::Copy
+    }
+
+    /// Whether `part` was read ahead for a transfer that will not come (it
+    /// need not be filled); does not wait.
+    fn dropped(&self, _part: &Range<u64>) -> bool {
+        false
+    }
+
+    /// `part` could not be filled: true when it was being read ahead (the
+    /// reading ahead then ends, and the pass goes on without it), false
+    /// when the pass fails.
+    fn unreadable(&self, _part: &Range<u64>) -> bool {
+        false
+    }
+}
+
+/// What [`Feed::settle`] found for a part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// A part of a transfer: copy it.
+    Copy,
+    /// A part filled before its transfer came, which took it: copy it.
+    ReadAhead,
+    /// A part read ahead for a transfer that did not come: drop it.
+    Drop,
 }
 
 /// Whether passes of `strategy` take ranges added while they run: those
@@ -130,7 +165,7 @@ impl Cursors {
     /// part with bytes left after both cursors (asking the feed for one
     /// after the last), else to the other's part; false when neither has
     /// bytes left.
-    fn advance(&mut self, side: Side, feed: Option<&dyn Feed>) -> bool {
+    fn advance(&mut self, side: Side, feed: Option<&dyn Feed>, stop: &dyn Fn() -> bool) -> bool {
         let other = match side {
             Side::Front => self.back,
             Side::Back => self.front,
@@ -142,7 +177,7 @@ impl Cursors {
             }
             if i + 1 < self.parts.len() {
                 i += 1;
-            } else if self.more(feed) {
+            } else if self.more(feed, stop) {
                 i = self.parts.len() - 1;
             } else if self.has(other) {
                 break other;
@@ -160,7 +195,7 @@ impl Cursors {
     /// The unclaimed bytes of the pass from the earlier cursor's part on,
     /// counted up to `enough`: while fewer, the feed is asked for more.
     /// (The parts before it are empty, so this is what is left.)
-    fn left(&mut self, enough: u64, feed: Option<&dyn Feed>) -> u64 {
+    fn left(&mut self, enough: u64, feed: Option<&dyn Feed>, stop: &dyn Fn() -> bool) -> u64 {
         let mut n = 0u64;
         let mut i = self.front.min(self.back);
         loop {
@@ -171,18 +206,18 @@ impl Cursors {
                     return n;
                 }
             }
-            if !self.more(feed) {
+            if !self.more(feed, stop) {
                 return n;
             }
         }
     }
 
     /// Adds the feed's next range, if there is one and the pass still takes one.
-    fn more(&mut self, feed: Option<&dyn Feed>) -> bool {
+    fn more(&mut self, feed: Option<&dyn Feed>, stop: &dyn Fn() -> bool) -> bool {
         if self.closed {
             return false;
         }
-        match feed.and_then(|f| f.next_range()) {
+        match feed.and_then(|f| f.next_range(stop)) {
             Some((r, gate)) if r.start < r.end => {
                 self.parts.push(r);
                 self.gates.push(gate);
@@ -204,6 +239,11 @@ impl<'f> Claims<'f> {
         Claims { cursor: Mutex::new(cursors), feed }
     }
 
+    /// What adds ranges to the pass, if anything.
+    pub(super) fn feed(&self) -> Option<&'f dyn Feed> {
+        self.feed
+    }
+
     /// The next part from the front, ending on a multiple of `size` (or at
     /// the range's end); `None` once nothing is left. A range behind a
     /// closed gate is waited for (outside the lock), unless `stop` says the
@@ -218,23 +258,23 @@ impl<'f> Claims<'f> {
     /// blocks, queued pieces) is claimed from the front all along but for
     /// its last `leave` bytes.
     pub(super) fn front_leaving(&self, size: u64, leave: u64, stop: &dyn Fn() -> bool) -> Option<Range<u64>> {
-        waiting(stop, || self.try_front(size, leave))
+        waiting(stop, || self.try_front(size, leave, stop))
     }
 
     /// The next part from the back, starting on a multiple of `size` (or at
     /// the range's start); `None` once nothing is left. Gates as for
     /// [`Claims::front`].
     pub(super) fn back(&self, size: u64, stop: &dyn Fn() -> bool) -> Option<Range<u64>> {
-        waiting(stop, || self.try_back(size))
+        waiting(stop, || self.try_back(size, stop))
     }
 
     /// One try of [`Claims::front_leaving`].
-    fn try_front(&self, size: u64, leave: u64) -> Claim {
+    fn try_front(&self, size: u64, leave: u64, stop: &dyn Fn() -> bool) -> Claim {
         let mut g = lock(&self.cursor);
         let c = &mut *g;
         loop {
             if c.has(c.front) {
-                if c.left(leave, self.feed) < leave {
+                if c.left(leave, self.feed, stop) < leave {
                     return Claim::Done;
                 }
                 if let Some(gate) = closed(&c.gates, c.front) {
@@ -246,14 +286,14 @@ impl<'f> Claims<'f> {
                 p.start = end;
                 return Claim::Part(r);
             }
-            if !c.advance(Side::Front, self.feed) {
+            if !c.advance(Side::Front, self.feed, stop) {
                 return Claim::Done;
             }
         }
     }
 
     /// One try of [`Claims::back`].
-    fn try_back(&self, size: u64) -> Claim {
+    fn try_back(&self, size: u64, stop: &dyn Fn() -> bool) -> Claim {
         let mut g = lock(&self.cursor);
         let c = &mut *g;
         loop {
@@ -274,7 +314,7 @@ impl<'f> Claims<'f> {
                 p.end = start;
                 return Claim::Part(r);
             }
-            if !c.advance(Side::Back, self.feed) {
+            if !c.advance(Side::Back, self.feed, stop) {
                 return Claim::Done;
             }
         }
@@ -342,7 +382,7 @@ mod tests {
     struct Ranges(Mutex<Vec<Range<u64>>>, AtomicU64);
 
     impl Feed for Ranges {
-        fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+        fn next_range(&self, _: &dyn Fn() -> bool) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
             self.1.fetch_add(1, Ordering::Relaxed);
             let mut v = lock(&self.0);
             if v.is_empty() { None } else { Some((v.remove(0), None)) }
@@ -482,7 +522,7 @@ mod tests {
     struct Gated(Mutex<Option<Range<u64>>>, Arc<Gate>);
 
     impl Feed for Gated {
-        fn next_range(&self) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
+        fn next_range(&self, _: &dyn Fn() -> bool) -> Option<(Range<u64>, Option<Arc<Gate>>)> {
             lock(&self.0).take().map(|r| (r, Some(self.1.clone())))
         }
     }
@@ -498,10 +538,10 @@ mod tests {
         assert_eq!(c.front_leaving(300, 500, &GO), Some(600..900));
         assert_eq!(c.back(250, &GO), Some(900..1000), "the back finishes the range before the gate");
         // Then both meet the closed gate.
-        assert!(matches!(c.try_front(300, 500), Claim::Wait(_)));
+        assert!(matches!(c.try_front(300, 500, &GO), Claim::Wait(_)));
         let stop = || true;
         assert_eq!(c.front_leaving(300, 500, &stop), None, "a stopped pass waits no more");
-        assert!(matches!(c.try_back(250), Claim::Wait(_)));
+        assert!(matches!(c.try_back(250, &GO), Claim::Wait(_)));
         std::thread::scope(|s| {
             let waiter = s.spawn(|| c.front_leaving(300, 500, &GO));
             gate.open();

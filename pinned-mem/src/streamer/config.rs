@@ -2,11 +2,15 @@
 //! [`Progress`] callback.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::budget::PinBudget;
 use crate::error::{Error, Result};
 use crate::strategy::Strategy;
 use crate::util::MAX_THREADS;
+
+/// The longest [`StreamConfig::read_ahead`] a streamer takes.
+pub const MAX_READ_AHEAD: Duration = Duration::from_secs(60);
 
 /// A progress callback: `(bytes done, bytes in all)`, called from worker
 /// threads or the calling thread (whole-file passes run on it).
@@ -78,6 +82,31 @@ pub struct StreamConfig {
     /// over its ring threads' time. Not a number (NaN) is refused by
     /// [`Streamer::new`](super::Streamer::new).
     pub reserve_room: f64,
+    /// How long a pass through the ring keeps reading ahead for the next
+    /// transfer (default zero: it does not). A program that reads a file in
+    /// sequential pieces, one transfer at a time (each started once the one
+    /// before has its copies enqueued, as a loop of
+    /// [`Transfer::then_on`](super::Transfer::then_on) does), otherwise pays
+    /// the ring's ramp at every piece: its threads idle between transfers,
+    /// and a piece's first copy waits for its first slot to be filled. With
+    /// a read-ahead, once a pass of [`Strategy::Ring`] has claimed its last
+    /// transfer, its threads fill up to half the ring's slots with the bytes
+    /// that follow it (as many as it had, to the end of the file) and hold
+    /// them for up to this long. A transfer queued meanwhile that starts
+    /// there, of the same mapping, takes them: its copies are enqueued as
+    /// soon as it is queued, and the pass goes on with it. Anything else
+    /// queued, a blocking call on the streamer, the time running out or the
+    /// streamer dropped drops them, unread by anyone.
+    ///
+    /// The bytes are read from the mapping before their transfer is started,
+    /// so the file must not be written there meanwhile, as while it is read.
+    /// [`Breakdown::read_ahead_bytes`](super::Breakdown::read_ahead_bytes)
+    /// says how much a transfer found read. At most 60 s:
+    /// [`Streamer::new`](super::Streamer::new) refuses more with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    ///
+    /// [`Strategy::Ring`]: crate::Strategy::Ring
+    pub read_ahead: Duration,
     /// `strategy` is what [`Strategy::Auto`] resolved to, named by the
     /// library on the caller's behalf (the shuffle pool's streamer): its
     /// hybrid keeps the reserve as `Auto`'s does.
@@ -96,6 +125,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("copy_streams", &self.copy_streams)
             .field("reserve_threads", &self.reserve_threads)
             .field("reserve_room", &self.reserve_room)
+            .field("read_ahead", &self.read_ahead)
             .finish()
     }
 }
@@ -119,6 +149,7 @@ impl StreamConfig {
             copy_streams: CopyStreams::One,
             reserve_threads: 1,
             reserve_room: 0.10,
+            read_ahead: Duration::ZERO,
             planned_by_auto: false,
         }
     }
@@ -194,8 +225,47 @@ impl StreamConfig {
         self
     }
 
+    /// With [`StreamConfig::read_ahead`] set to `most` (at most 60 s, which
+    /// [`Streamer::new`](super::Streamer::new) checks).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// # let path = std::env::temp_dir().join(format!("wirespeed-doc-read-ahead-{}", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 8 << 20])?;
+    /// use std::time::Duration;
+    /// use wirespeed_cuda::{Device, DeviceBuffer, Stream};
+    /// use wirespeed_pinned::*;
+    /// let dev = Device::get(0)?;
+    /// let ring = Strategy::Ring { slots: 8, slot: 256 << 10, threads: 2 };
+    /// let cfg = StreamConfig::new(ring, PinBudget::new(64 << 20)).with_read_ahead(Duration::from_millis(5));
+    /// let streamer = Streamer::new(&[dev], cfg)?;
+    /// let file = unsafe { MappedFile::open(&path) }?;
+    /// let mine = Stream::new(&dev)?;
+    /// let mut pieces: Vec<DeviceBuffer<u8>> = (0..8).map(|_| DeviceBuffer::new(&dev, 1 << 20)).collect::<Result<_, _>>()?;
+    /// let mut transfers = Vec::new();
+    /// for (i, piece) in pieces.iter_mut().enumerate() {
+    ///     let at = (i as u64) << 20;
+    ///     // Each piece is started once the one before has its copies enqueued:
+    ///     // its first bytes may have been read while that one ran.
+    ///     let t = streamer.start(&file, at..at + (1 << 20), piece)?;
+    ///     t.then_on(&mine)?;
+    ///     transfers.push(t);
+    /// }
+    /// for t in transfers {
+    ///     t.wait()?;
+    /// }
+    /// assert!(pieces.iter().all(|p| p.to_vec().unwrap().iter().all(|&b| b == 7)));
+    /// # drop(pieces); std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    pub fn with_read_ahead(mut self, most: Duration) -> Self {
+        self.read_ahead = most;
+        self
+    }
+
     /// Refuses what no streamer can run: a bad strategy, more than
-    /// [`MAX_THREADS`] reserve threads, a `reserve_room` that is not a number.
+    /// [`MAX_THREADS`] reserve threads, a `reserve_room` that is not a
+    /// number, a read-ahead longer than [`MAX_READ_AHEAD`].
     ///
     /// # Errors
     /// [`Error::InvalidArgument`].
@@ -209,6 +279,12 @@ impl StreamConfig {
         }
         if self.reserve_room.is_nan() {
             return Err(Error::invalid("StreamConfig", "reserve_room is not a number (NaN)"));
+        }
+        if self.read_ahead > MAX_READ_AHEAD {
+            return Err(Error::invalid(
+                "StreamConfig",
+                format!("a read-ahead of {:?}: at most {MAX_READ_AHEAD:?}", self.read_ahead),
+            ));
         }
         Ok(())
     }

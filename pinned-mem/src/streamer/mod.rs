@@ -87,7 +87,7 @@ mod stream_set;
 mod transfer;
 mod worker;
 
-pub use config::{CopyStreams, Progress, StreamConfig};
+pub use config::{CopyStreams, MAX_READ_AHEAD, Progress, StreamConfig};
 pub use report::{Breakdown, Report, WindowContext};
 pub(crate) use transfer::Outcome;
 pub use transfer::{StartOptions, Transfer};

@@ -7,7 +7,8 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
 
 use super::spans::Spans;
 use super::transfer::Job;
@@ -43,6 +44,23 @@ impl JobQueue {
         self.ahead.pop_front()
     }
 
+    /// Waits at most `most` for a job to be queued, and takes the first one
+    /// queued if `wanted` accepts it, leaving it queued if not.
+    pub(super) fn take_if_within(&mut self, most: Duration, wanted: impl FnOnce(&Job) -> bool) -> Next {
+        if self.ahead.is_empty() {
+            match self.rx.recv_timeout(most) {
+                Ok(jobs) => self.ahead.extend(jobs),
+                Err(RecvTimeoutError::Timeout) => return Next::Nothing,
+                Err(RecvTimeoutError::Disconnected) => return Next::Closed,
+            }
+        }
+        match self.ahead.front() {
+            Some(job) if wanted(job) => self.ahead.pop_front().map_or(Next::Nothing, |j| Next::Taken(Box::new(j))),
+            Some(_) => Next::Other,
+            None => Next::Nothing,
+        }
+    }
+
     /// Puts `jobs` back at the front, in their order: they run next.
     pub(super) fn put_back(&mut self, jobs: Vec<Job>) {
         for job in jobs.into_iter().rev() {
@@ -60,6 +78,18 @@ impl JobQueue {
         }
         run_bytes(self.ahead.iter().map(|j| (&j.file, &j.range)), file, first)
     }
+}
+
+/// What [`JobQueue::take_if_within`] found.
+pub(super) enum Next {
+    /// The job it wanted, taken.
+    Taken(Box<Job>),
+    /// Another job, left queued.
+    Other,
+    /// None in time.
+    Nothing,
+    /// None, and none will come: the streamer is being dropped.
+    Closed,
 }
 
 /// Bytes of the leading ranges of `jobs` (file, range) of `file` that share

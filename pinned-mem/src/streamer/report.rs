@@ -110,6 +110,14 @@ pub struct Breakdown {
     /// ([`StreamConfig::reserve_threads`](super::StreamConfig::reserve_threads));
     /// their filling and waiting are counted above with the others'.
     pub reserve_threads: u64,
+    /// Of the ring's bytes, those filled before their transfer was started:
+    /// read ahead ([`StreamConfig::read_ahead`](super::StreamConfig::read_ahead))
+    /// and taken by it when it came, its first copies enqueued as soon as it
+    /// was queued.
+    pub read_ahead_bytes: u64,
+    /// Bytes read ahead that no transfer took (another transfer came, or
+    /// none in time): filled for nothing, and not counted in `ring_bytes`.
+    pub read_ahead_dropped_bytes: u64,
 }
 
 impl Breakdown {
@@ -163,6 +171,8 @@ impl Breakdown {
         self.slot_wait_seconds += other.slot_wait_seconds;
         self.setup_seconds += other.setup_seconds;
         self.reserve_threads = self.reserve_threads.saturating_add(other.reserve_threads);
+        self.read_ahead_bytes = self.read_ahead_bytes.saturating_add(other.read_ahead_bytes);
+        self.read_ahead_dropped_bytes = self.read_ahead_dropped_bytes.saturating_add(other.read_ahead_dropped_bytes);
     }
 
     /// What was counted since `earlier`: of a pass, since an earlier
@@ -187,6 +197,8 @@ impl Breakdown {
             slot_wait_seconds: (self.slot_wait_seconds - earlier.slot_wait_seconds).max(0.0),
             setup_seconds: (self.setup_seconds - earlier.setup_seconds).max(0.0),
             reserve_threads: self.reserve_threads.saturating_sub(earlier.reserve_threads),
+            read_ahead_bytes: self.read_ahead_bytes.saturating_sub(earlier.read_ahead_bytes),
+            read_ahead_dropped_bytes: self.read_ahead_dropped_bytes.saturating_sub(earlier.read_ahead_dropped_bytes),
         }
     }
 }
@@ -194,7 +206,8 @@ impl Breakdown {
 impl std::fmt::Display for Breakdown {
     /// `in place P% (registering T ms, unregistering T ms: R GB/s, waiting
     /// for copies T ms), ring P% (filling T ms: R GB/s a thread, waiting for
-    /// slots T ms, a reserve thread joined, P% read buffered), setting up T ms`; a part that
+    /// slots T ms, a reserve thread joined, P% read buffered, P% read ahead),
+    /// B read ahead for nothing, setting up T ms`; a part that
     /// moved nothing is left out, and a rate where no time was counted, and
     /// setting up under half a millisecond.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -217,7 +230,7 @@ impl std::fmt::Display for Breakdown {
         if self.ring_bytes > 0 {
             write!(
                 f,
-                "{sep}ring {:.0}% (filling {:.1} ms{}, waiting for slots {:.1} ms{}{})",
+                "{sep}ring {:.0}% (filling {:.1} ms{}, waiting for slots {:.1} ms{}{}{})",
                 (1.0 - frac) * 100.0,
                 ms(self.fill_seconds),
                 rate(self.fill_rate(), " a thread"),
@@ -230,8 +243,16 @@ impl std::fmt::Display for Breakdown {
                 match self.buffered_bytes {
                     0 => String::new(),
                     b => format!(", {:.0}% read buffered", b as f64 * 100.0 / self.ring_bytes as f64),
+                },
+                match self.read_ahead_bytes {
+                    0 => String::new(),
+                    b => format!(", {:.0}% read ahead", b as f64 * 100.0 / self.ring_bytes as f64),
                 }
             )?;
+            sep = ", ";
+        }
+        if self.read_ahead_dropped_bytes > 0 {
+            write!(f, "{sep}{} read ahead for nothing", Bytes(self.read_ahead_dropped_bytes))?;
             sep = ", ";
         }
         if self.setup_seconds >= 0.0005 {

@@ -6,7 +6,7 @@
 //! `run.rs`; these two files hold every method of `Shared`.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
 
@@ -52,6 +52,9 @@ pub(super) struct Shared {
     owner: Mutex<Option<ThreadId>>,
     /// What the streamer keeps between calls; held for the whole of a call.
     pub(super) state: Mutex<State>,
+    /// Threads waiting in [`Shared::enter`] for the streamer: a pass holding
+    /// bytes read ahead for a transfer to come drops them for them.
+    pub(super) entering: AtomicUsize,
     /// The second context windows are registered in, made at the first
     /// transfer that registers windows (or why there is none).
     window_context: OnceLock<std::result::Result<Arc<RegistrationContext>, String>>,
@@ -125,6 +128,7 @@ impl Shared {
             config,
             owner: Mutex::new(None),
             state: Mutex::new(State::default()),
+            entering: AtomicUsize::new(0),
             window_context: OnceLock::new(),
             totals: Mutex::new(Breakdown::default()),
         })
@@ -142,7 +146,9 @@ impl Shared {
     pub(super) fn enter(&self, what: &'static str) -> Result<(Owner<'_>, MutexGuard<'_, State>)> {
         let me = std::thread::current().id();
         self.refuse_inside_callback(what)?;
+        self.entering.fetch_add(1, Ordering::SeqCst);
         let st = lock(&self.state);
+        self.entering.fetch_sub(1, Ordering::SeqCst);
         *lock(&self.owner) = Some(me);
         Ok((Owner(&self.owner, me), st))
     }

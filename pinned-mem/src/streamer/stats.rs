@@ -24,6 +24,10 @@ pub(super) struct PassStats {
     setup_ns: AtomicU64,
     /// Reserve ring threads that joined the pass.
     pub(super) reserve_joined: AtomicU64,
+    /// Ring bytes filled before their transfer came, and taken by it.
+    pub(super) read_ahead_bytes: AtomicU64,
+    /// Bytes read ahead that no transfer took.
+    pub(super) read_ahead_dropped: AtomicU64,
 }
 
 /// The timed steps of the agents.
@@ -83,6 +87,8 @@ impl PassStats {
             slot_wait_seconds: s(&self.slot_wait_ns),
             setup_seconds: s(&self.setup_ns),
             reserve_threads: self.reserve_joined.load(Ordering::Relaxed),
+            read_ahead_bytes: self.read_ahead_bytes.load(Ordering::Relaxed),
+            read_ahead_dropped_bytes: self.read_ahead_dropped.load(Ordering::Relaxed),
         }
     }
 }

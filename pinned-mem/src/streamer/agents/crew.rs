@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::sync::RwLock;
 use std::sync::mpsc::SyncSender;
 
-use crate::streamer::claims::Claims;
+use crate::streamer::claims::{Claims, Settled};
 use crate::streamer::ctx::Ctx;
 use crate::streamer::sink::Sink;
 
@@ -45,6 +45,22 @@ impl<'p, S: Sink> Crew<'p, S> {
     /// The next part from the back of the claims, gates as for [`Crew::front`].
     pub(in crate::streamer) fn back(&self, size: u64) -> Option<Range<u64>> {
         self.claims.back(size, &|| self.ctx.aborted())
+    }
+
+    /// Waits until `part` (filled) may be copied (see `Feed::settle`).
+    pub(in crate::streamer) fn settle(&self, part: &Range<u64>) -> Settled {
+        self.claims.feed().map_or(Settled::Copy, |f| f.settle(part, &|| self.ctx.aborted()))
+    }
+
+    /// Whether `part` was read ahead for nothing: it need not be filled.
+    pub(in crate::streamer) fn dropped(&self, part: &Range<u64>) -> bool {
+        self.claims.feed().is_some_and(|f| f.dropped(part))
+    }
+
+    /// `part` could not be filled: true when it was being read ahead (then
+    /// dropped, and the pass goes on), false when the pass fails.
+    pub(in crate::streamer) fn unreadable(&self, part: &Range<u64>) -> bool {
+        self.claims.feed().is_some_and(|f| f.unreadable(part))
     }
 
     /// Sends the messages in `out` to the calling thread, emptying it; false

@@ -24,6 +24,7 @@ use super::crew::Crew;
 use super::direct::direct_read;
 use crate::error::{Error, Result};
 use crate::ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing};
+use crate::streamer::claims::Settled;
 use crate::streamer::ctx::Ctx;
 use crate::streamer::sink::Sink;
 use crate::streamer::stats::Step;
@@ -74,11 +75,29 @@ pub(in crate::streamer) fn ring_agent<S: Sink>(crew: Crew<'_, S>, agent: RingAge
     while !ctx.aborted() {
         let claimed = if agent.from_back { crew.back(agent.slot) } else { crew.front(agent.slot) };
         let Some(r) = claimed else { break };
+        if crew.dropped(&r) {
+            continue; // read ahead for a transfer that did not come
+        }
         let slot = ctx.stats.time(Step::SlotWait, || agent.ring.acquire())?;
         ctx.progress(slot.completed_bytes());
-        let full = ctx.stats.time(Step::Fill, || fill(ctx, agent.fill, slot, &r))?;
+        let full = match ctx.stats.time(Step::Fill, || fill(ctx, agent.fill, slot, &r)) {
+            Ok(full) => full,
+            Err(_) if crew.unreadable(&r) => continue, // only read ahead: nobody asked for it
+            Err(e) => return Err(e),
+        };
+        let bytes = r.end - r.start;
+        match crew.settle(&r) {
+            Settled::Copy => {}
+            Settled::ReadAhead => {
+                ctx.stats.read_ahead_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            Settled::Drop => {
+                ctx.stats.read_ahead_dropped.fetch_add(bytes, Ordering::Relaxed);
+                continue; // the slot goes back to the ring, unread
+            }
+        }
         let in_flight = submit(&crew, agent.lane, full, &r, &mut out)?;
-        ctx.stats.ring_bytes.fetch_add(r.end - r.start, Ordering::Relaxed);
+        ctx.stats.ring_bytes.fetch_add(bytes, Ordering::Relaxed);
         drop(in_flight); // back to the ring, free again once its copies completed
         if !crew.send(&mut out) {
             return Ok(()); // the caller stopped
