@@ -43,6 +43,8 @@ pub(crate) struct FileRead<'a> {
     pub(crate) order: bool,
     /// Return once the copies have ended.
     pub(crate) sync: bool,
+    /// The streamer reads ahead for the next piece.
+    pub(crate) ahead: bool,
 }
 
 impl FileRead<'_> {
@@ -71,7 +73,7 @@ impl FileRead<'_> {
         }
         let end = self.offset.checked_add(length).ok_or_else(|| err("the range overflows"))?;
         let dev = device_of(self.ptr, self.device)?;
-        let streamer = streamer(dev.ordinal(), self.budget, strategy)?;
+        let streamer = streamer(dev.ordinal(), self.budget, strategy, self.ahead)?;
         let after = self.stream.map(|h| consumer(h, dev)).transpose()?;
         // SAFETY: `ptr .. ptr + nbytes` is device memory of `dev` (checked here),
         // owned by `keep`, which is kept alive (in `INFLIGHT`) until the transfer
@@ -120,9 +122,10 @@ impl Ready {
 /// ordering), and work enqueued on `stream` (`None`: the legacy default
 /// stream) after this returns runs after them, unless `order` is false
 /// (then `Report._then_on` does it later). With `sync`, returns once they
-/// have ended.
+/// have ended. With `ahead`, the kept streamer that reads ahead for the
+/// next piece runs it (see `streamers::READ_AHEAD`).
 #[pyfunction]
-#[pyo3(signature = (path, offset, length, ptr, nbytes, device, stream, budget, strategy, keep, sync, order = true))]
+#[pyo3(signature = (path, offset, length, ptr, nbytes, device, stream, budget, strategy, keep, sync, order = true, ahead = true))]
 // PyO3 gives each Python parameter a Rust parameter, and the Python signature
 // is the package's: this only gathers them into a `FileRead`.
 #[allow(clippy::too_many_arguments)]
@@ -140,8 +143,9 @@ pub(crate) fn read_file(
     keep: Py<PyAny>,
     sync: bool,
     order: bool,
+    ahead: bool,
 ) -> PyResult<PyReport> {
-    FileRead { path, offset, length, ptr, nbytes, device, keep, budget, strategy, stream, order, sync }.start(py)
+    FileRead { path, offset, length, ptr, nbytes, device, keep, budget, strategy, stream, order, sync, ahead }.start(py)
 }
 
 /// One piece of `read_file_many`, as Python gives it: `(index, offset,
@@ -195,6 +199,7 @@ pub(crate) fn read_file_many(
             stream,
             order: false,
             sync: false,
+            ahead: true,
         };
         checked.push((i, read.ready().map_err(|e| prefixed(py, i, e))?));
     }

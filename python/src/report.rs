@@ -139,8 +139,10 @@ impl PyReport {
     /// `register_seconds`, `unregister_seconds`, `window_wait_seconds`,
     /// `fill_seconds`, `slot_wait_seconds`, `setup_seconds` (allocating the
     /// ring and making the registration context: a streamer's first transfer);
-    /// and `reserve_threads`, the ring threads auto kept in reserve that
-    /// joined (the copy engine had room);
+    /// `reserve_threads`, the ring threads auto kept in reserve that
+    /// joined (the copy engine had room); `read_ahead_bytes`, ring bytes
+    /// filled before their call came (read ahead after the piece before),
+    /// and `read_ahead_dropped_bytes`, filled ahead for nothing;
     /// empty for a host array (waits for it).
     #[getter]
     fn breakdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -155,6 +157,8 @@ impl PyReport {
             d.set_item("slot_wait_seconds", b.slot_wait_seconds)?;
             d.set_item("setup_seconds", b.setup_seconds)?;
             d.set_item("reserve_threads", b.reserve_threads)?;
+            d.set_item("read_ahead_bytes", b.read_ahead_bytes)?;
+            d.set_item("read_ahead_dropped_bytes", b.read_ahead_dropped_bytes)?;
         }
         Ok(d)
     }

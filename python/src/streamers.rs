@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -14,9 +15,16 @@ use wirespeed_pinned::{MappedFile, PinBudget, Strategy, StreamConfig, Streamer};
 
 use crate::error::err;
 
-/// The streamers, one per (device, budget, strategy), kept for the process
-/// so that repeated calls reuse their pinned ring and registrations.
-type StreamerKey = (usize, u64, Strategy);
+/// The streamers, one per (device, budget, strategy, reading ahead), kept
+/// for the process so that repeated calls reuse their pinned ring and
+/// registrations.
+type StreamerKey = (usize, u64, Strategy, bool);
+
+/// How long a kept streamer's ring pass reads ahead for the next piece
+/// (`StreamConfig::read_ahead`): a loop of `read_into` calls over sequential
+/// pieces queues the next one within the Python layer's tens of
+/// microseconds, or the loop body's time.
+pub(crate) const READ_AHEAD: Duration = Duration::from_millis(5);
 static STREAMERS: Mutex<Option<HashMap<StreamerKey, Arc<Streamer>>>> = Mutex::new(None);
 
 /// Files opened, by path, with what identified them when opened.
@@ -42,16 +50,20 @@ pub(crate) fn parse_strategy(s: &str) -> PyResult<Strategy> {
     })
 }
 
-/// The kept streamer of `device` with this budget and strategy, made on first use.
-pub(crate) fn streamer(device: usize, budget: u64, strategy: Strategy) -> PyResult<Arc<Streamer>> {
+/// The kept streamer of `device` with this budget and strategy, reading
+/// ahead ([`READ_AHEAD`]) unless `ahead` is false, made on first use.
+pub(crate) fn streamer(device: usize, budget: u64, strategy: Strategy, ahead: bool) -> PyResult<Arc<Streamer>> {
     let mut g = lock(&STREAMERS);
     let map = g.get_or_insert_with(HashMap::new);
-    if let Some(s) = map.get(&(device, budget, strategy)) {
+    let key = (device, budget, strategy, ahead);
+    if let Some(s) = map.get(&key) {
         return Ok(s.clone());
     }
     let dev = Device::get(device).map_err(err)?;
-    let s = Arc::new(Streamer::new(&[dev], StreamConfig::new(strategy, PinBudget::new(budget))).map_err(err)?);
-    map.insert((device, budget, strategy), s.clone());
+    let wait = if ahead { READ_AHEAD } else { Duration::ZERO };
+    let config = StreamConfig::new(strategy, PinBudget::new(budget)).with_read_ahead(wait);
+    let s = Arc::new(Streamer::new(&[dev], config).map_err(err)?);
+    map.insert(key, s.clone());
     Ok(s)
 }
 
@@ -98,7 +110,7 @@ pub(crate) fn _prepare(
 ) -> PyResult<bool> {
     let strategy = parse_strategy(strategy)?;
     let file = mapped(&path)?;
-    let s = streamer(device, budget, strategy)?;
+    let s = streamer(device, budget, strategy, true)?;
     let plan = py.detach(|| s.prepare(span)).map_err(err)?;
     let whole = Strategy::WholeFile.pinned_bytes(file.len());
     let room = s.config().budget.available().saturating_add(s.kept_pinned_bytes());

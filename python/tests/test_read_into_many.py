@@ -183,3 +183,22 @@ def test_a_failed_piece_raises_once_nothing_is_in_flight(big_file, emulator):
     emulator._emulator_reset()
     wirespeed.read_into_many(path, [(d, k * MIB) for k, d in enumerate(dsts)], budget=64 * MIB)
     assert b"".join(d.to_bytes() for d in dsts) == data[: 4 * MIB]
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_loop_of_read_into_over_sequential_pieces(emulator, big_file, read_ahead):
+    """One call a piece, each piece where the last one ended (the streamer
+    may fill the next piece's first slots before its call comes): every
+    piece gets its own bytes, and release() ends a pass still reading ahead
+    at once."""
+    path, data = big_file
+    piece = 512 * KIB + 40  # fits the 2 MiB budget; the file does not
+    dsts = [wirespeed._DeviceArray(piece) for _ in range(12)]
+    reports = []
+    for i, dst in enumerate(dsts):
+        reports.append(wirespeed.read_into(dst, path, i * piece, piece, budget=2 * MIB, read_ahead=read_ahead))
+    for i, (dst, r) in enumerate(zip(dsts, reports)):
+        assert dst.to_bytes() == data[i * piece:(i + 1) * piece], f"piece {i}"
+        assert "ring" in r.strategy and r.registrations == 0
+        assert r.breakdown["read_ahead_bytes"] >= 0
+    wirespeed.release()

@@ -275,6 +275,7 @@ def read_into(
     budget: int = DEFAULT_BUDGET,
     strategy: str = "auto",
     sync: bool = False,
+    read_ahead: bool = True,
 ) -> Report:
     """Reads ``length`` bytes from ``offset`` of ``src`` into the CUDA tensor
     ``dst`` (contiguous; exactly that many bytes): a torch tensor, an object
@@ -307,16 +308,21 @@ def read_into(
     started still runs to its end in the background, its destination kept
     alive until then.
 
-    For many pieces of one file, use :func:`read_into_many`: a loop of
-    ``read_into`` calls orders your stream after each piece before the next
-    is queued, so the pieces cannot stream as one pass.
+    A loop of ``read_into`` calls over sequential pieces of a file (each
+    starting where the one before ended) streams them as one pass: once a
+    piece's bytes are all claimed, the streamer fills some of the ring's slots
+    with the bytes that follow and holds them for a few milliseconds, and the
+    next call takes them. Those bytes are read before you ask for them, so
+    pass ``read_ahead=False`` for a file written between the calls. For many
+    pieces known at once, :func:`read_into_many` queues them together.
     """
     _ensure_runtime()
     ptr, nbytes, device, stream = _destination(dst)
     if isinstance(src, (str, os.PathLike)) or _is_memmap(src):
         path, start, length = _file_range(src, offset, length)
         return _native.read_file(
-            path, start, length, ptr, nbytes, device, stream, budget, strategy, dst, sync
+            path, start, length, ptr, nbytes, device, stream, budget, strategy, dst, sync,
+            ahead=read_ahead,
         )
     mv = _host_bytes(src)
     if offset < 0 or offset > len(mv):

@@ -76,6 +76,7 @@ def read_file(
     keep: Any,
     sync: bool,
     order: bool = True,
+    ahead: bool = True,
 ) -> Report: ...
 def read_file_many(
     path: str,
