@@ -14,7 +14,10 @@ file, and the transfers: how many, how many ran chained to the one before
 check passed.
 
     python bench/python_pieces.py PATH [--piece-mib 64] [--budget-mib 4096] [--passes 5]
-                                       [--piece-strategy auto|whole-file]
+                                       [--piece-strategy auto|whole-file] [--read-ahead on|off]
+
+The loop's lines also give the share of the ring's bytes that were read ahead
+(filled after the piece before, before the call for theirs came).
 """
 
 import argparse
@@ -41,6 +44,8 @@ def main():
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--piece-strategy", default="auto",
                     help="the strategy of the one-call-per-piece loop (auto, or whole-file: each piece registered)")
+    ap.add_argument("--read-ahead", choices=("on", "off"), default="on",
+                    help="the loop's read_ahead (on: the streamer fills the next piece's first slots early)")
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
     size = os.path.getsize(args.path)
@@ -76,9 +81,12 @@ def main():
             verdict = check(name)
             chained = sum(r.chained for r in reports)
             strategies = sorted({r.strategy for r in reports})
+            ring = sum(r.breakdown.get("ring_bytes", 0) for r in reports)
+            early = sum(r.breakdown.get("read_ahead_bytes", 0) for r in reports)
+            ahead = f", {early / ring:.0%} of the ring's bytes read ahead" if early and ring else ""
             print(f"{name} pass {p + 1}: {rates[-1]:7.2f} GB/s  {rates[-1] / line:.2f} x line  "
                   f"{cpu / (size / 1e9):.4f} CPU s/GB  {verdict}  [{len(reports)} transfers, {chained} chained, "
-                  f"{sum(r.registrations for r in reports)} registrations; {'; '.join(strategies)}]")
+                  f"{sum(r.registrations for r in reports)} registrations{ahead}; {'; '.join(strategies)}]")
         rates.sort()
         med = rates[len(rates) // 2]
         print(f"{name}: median {med:.2f} GB/s = {med / line:.2f} x line")
@@ -86,7 +94,8 @@ def main():
 
     def pieces():
         return [wirespeed.read_into(dst[o:o + min(piece, size - o)], args.path, o, min(piece, size - o),
-                                    budget=budget, strategy=args.piece_strategy) for o in range(0, size, piece)]
+                                    budget=budget, strategy=args.piece_strategy, read_ahead=args.read_ahead == "on")
+                for o in range(0, size, piece)]
 
     def many():
         return wirespeed.read_into_many(
@@ -96,7 +105,8 @@ def main():
         return [wirespeed.read_into(dst, args.path, budget=budget)]
 
     w = timed("read_into, one call", whole)
-    p = timed(f"read_into, {args.piece_mib} MiB pieces queued ({args.piece_strategy})", pieces)
+    p = timed(f"read_into, {args.piece_mib} MiB pieces queued ({args.piece_strategy}, read-ahead {args.read_ahead})",
+              pieces)
     m = timed(f"read_into_many, {args.piece_mib} MiB pieces", many)
     for name, rate in (("pieces, read_into each", p), ("pieces, read_into_many", m)):
         print(f"{name}: {rate / line:.2f} x line (goal 0.80: {'PASS' if rate / line >= 0.80 else 'MISS'}), "

@@ -32,6 +32,8 @@
 #   hostrows  Python's read_into from host arrays (rows.py: 32 rows of 80 MiB, 1024 of 2.5 MiB)
 #   cold      a 4 GiB file cold and hot: auto, the disk's O_DIRECT rate and KvikIO in one run
 #             (KvikIO's wheels, where carried in .gpu/kvikio, installed first)
+#   pyloop    Python's loop of read_into over 64 MiB pieces: reading ahead, not, and registered
+#   readahead 64 MiB pieces one at a time from Rust, without and with reading ahead
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
 #             fresh mapping per pass (new-map), 64 MiB pieces queued back to back (spans),
 #             rows through the ring beside PyTorch's, and Python's batches and read_into
@@ -293,14 +295,29 @@ for stage in "${stages[@]}"; do
     ;;
   pyloop)
     # Python's loop of read_into over 64 MiB pieces of a 16 GiB file within 4 GiB: through the
-    # ring (auto), then each piece registered whole (what auto did before), alternating.
+    # ring (auto) reading ahead, the same without reading ahead, and each piece registered whole
+    # (what auto did before), alternating. PYLOOP_WAYS replaces the list (STRATEGY:on|off).
     python_env || { echo "no wheel"; continue; }
     f=$(file16g)
-    for s in ${PYLOOP_WAYS:-auto whole-file auto whole-file}; do
-      timeout 100 python3 bench/python_pieces.py $f --passes 3 --piece-strategy $s
-      echo "python pieces $s rc=$?"
-    done >"$out/python-16g-file-64m-pieces-read-into-ring-against-registered.log" 2>&1
-    grep -E "median|line rate" "$out/python-16g-file-64m-pieces-read-into-ring-against-registered.log"
+    for w in ${PYLOOP_WAYS:-auto:on auto:off whole-file:off auto:on auto:off}; do
+      timeout 100 python3 bench/python_pieces.py $f --passes 3 --piece-strategy "${w%%:*}" --read-ahead "${w##*:}"
+      echo "python pieces $w rc=$?"
+    done >"$out/python-16g-file-64m-pieces-read-into-read-ahead-ring-registered.log" 2>&1
+    grep -E "median|line rate" "$out/python-16g-file-64m-pieces-read-into-read-ahead-ring-registered.log"
+    ;;
+  readahead)
+    # 64 MiB pieces of a 16 GiB file within 4 GiB from Rust, one at a time (each ordered before
+    # a stream before the next starts, as a loop of Python read_into runs them, or waited for),
+    # without and with reading ahead, beside the same pieces queued at once. READAHEAD_STRATEGIES
+    # replaces the list.
+    f=$(file16g)
+    ra=(${READAHEAD_STRATEGIES:-auto/spans=64M,then auto/spans=64M,then/ahead=5ms auto/spans=64M,wait/ahead=5ms auto/spans=64M auto/spans=64M,then/ahead=5ms auto/spans=64M,then})
+    # shellcheck disable=SC2046
+    timeout 300 .gpu/run.sh bench $f --budget 4G --only auto --no-cold --reps 3 \
+      $(printf -- '--strategy %s ' "${ra[@]}") \
+      >"$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-read-ahead.log" 2>&1
+    echo "read-ahead rc=$?"
+    grep -E "GB/s|line rate|read ahead" "$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-read-ahead.log" | grep -v "rep " | head -40
     ;;
   *) echo "unknown stage $stage" ;;
   esac

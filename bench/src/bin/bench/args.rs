@@ -138,6 +138,8 @@ pub struct Custom {
     pub spans: Option<(u64, SpanMode)>,
     /// `StreamConfig::reserve_threads` (auto only; else the default).
     pub reserve: Option<usize>,
+    /// `StreamConfig::read_ahead` (else the default, none).
+    pub ahead: Option<std::time::Duration>,
 }
 
 /// How the transfers of `/spans=SIZE` start.
@@ -159,8 +161,18 @@ pub enum SpanMode {
 /// `/spans=SIZE`, `/spans=SIZE,wait` or `/spans=SIZE,then` (transfers of SIZE bytes, queued
 /// at once or one at a time: see [`SpanMode`]) and then `/cold` (the page cache dropped before
 /// each repetition); `auto` may also end in `/reserve=N` (`StreamConfig::reserve_threads`).
+/// Any may end in `/ahead=MSms` (`StreamConfig::read_ahead`, in milliseconds).
 fn parse_strategy(v: &str) -> Result<Custom, String> {
     use wirespeed_pinned::{CopyStreams, Strategy};
+    let (v, ahead) = match v.rsplit_once("/ahead=") {
+        Some((rest, ms)) => {
+            let n = ms.strip_suffix("ms").ok_or_else(|| format!("ahead={ms}: give milliseconds, as 5ms"))?;
+            let n = n.parse::<f64>().map_err(|e| format!("ahead={ms}: {e}"))?;
+            let d = std::time::Duration::try_from_secs_f64(n / 1e3).map_err(|e| format!("ahead={ms}: {e}"))?;
+            (rest, Some(d))
+        }
+        None => (v, None),
+    };
     let (v, reserve) = match v.rsplit_once("/reserve=") {
         Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|e| format!("reserve={n}: {e}"))?)),
         None => (v, None),
@@ -191,7 +203,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
         None => (v, CopyStreams::default()),
     };
     if spec == "auto" {
-        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold, spans, reserve });
+        return Ok(Custom { strategy: Strategy::Auto, copy_streams, cold, spans, reserve, ahead });
     }
     if reserve.is_some() {
         return Err(format!("{v}: /reserve= is for auto (a strategy given explicitly runs exactly its threads)"));
@@ -211,7 +223,7 @@ fn parse_strategy(v: &str) -> Result<Custom, String> {
             ));
         }
     };
-    Ok(Custom { strategy: s, copy_streams, cold, spans, reserve: None })
+    Ok(Custom { strategy: s, copy_streams, cold, spans, reserve: None, ahead })
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
@@ -263,7 +275,8 @@ pub struct Options {
     /// stream, waiting until its last copy is enqueued, before the next starts: as a loop of
     /// Python `read_into` calls) and then `/cold` (the page cache dropped before
     /// each repetition; such rows run after the cold rows) are accepted too; `auto` may end in
-    /// `/reserve=N` (ring threads auto's hybrid keeps in reserve; default 1, 0 for none)
+    /// `/reserve=N` (ring threads auto's hybrid keeps in reserve; default 1, 0 for none), and any
+    /// in `/ahead=MSms` (how long a ring pass reads ahead for the next transfer)
     #[arg(long = "strategy", value_name = "KIND:ARGS", value_parser = parse_strategy)]
     pub custom: Vec<Custom>,
 
@@ -363,6 +376,16 @@ mod tests {
         assert_eq!(c.copy_streams, wirespeed_pinned::CopyStreams::RingApart);
         assert_eq!(super::parse_strategy("auto/cold/reserve=2").unwrap().reserve, Some(2));
         assert_eq!(super::parse_strategy("auto").unwrap().reserve, None);
+        let c = super::parse_strategy("auto/spans=64M,then/ahead=5ms").unwrap();
+        assert_eq!(
+            (c.spans, c.ahead),
+            (Some((64 << 20, super::SpanMode::Then)), Some(std::time::Duration::from_millis(5)))
+        );
+        assert_eq!(
+            super::parse_strategy("ring:8,4M,2/ahead=0.5ms").unwrap().ahead,
+            Some(std::time::Duration::from_micros(500))
+        );
+        assert!(super::parse_strategy("auto/ahead=5").is_err());
         assert!(super::parse_strategy("hybrid:64M,4M,4/reserve=1").unwrap_err().contains("for auto"));
         assert!(super::parse_strategy("auto/reserve=x").is_err());
     }

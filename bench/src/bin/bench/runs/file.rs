@@ -117,6 +117,7 @@ impl Specs {
             copy_streams: CopyStreams::default(),
             spans: None,
             reserve: None,
+            ahead: None,
             new_map: false,
         }
     }
@@ -227,8 +228,12 @@ impl Specs {
             ),
             None => String::new(),
         };
+        let ahead = match custom.ahead {
+            Some(d) => format!(", reading ahead up to {:.1} ms", d.as_secs_f64() * 1e3),
+            None => String::new(),
+        };
         let what = format!(
-            "a strategy given with --strategy, within the {} pin budget{streams}{reserve}{spans}{cold}",
+            "a strategy given with --strategy, within the {} pin budget{streams}{reserve}{spans}{ahead}{cold}",
             fmt_bytes(self.budget)
         );
         let spec =
@@ -238,6 +243,7 @@ impl Specs {
             copy_streams: custom.copy_streams,
             spans: custom.spans,
             reserve: custom.reserve,
+            ahead: custom.ahead,
             ..spec
         }
     }

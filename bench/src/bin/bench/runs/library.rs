@@ -42,6 +42,8 @@ pub struct LibRun {
     pub spans: Option<(u64, SpanMode)>,
     /// `StreamConfig::reserve_threads`, when not the default.
     pub reserve: Option<usize>,
+    /// `StreamConfig::read_ahead`, when not the default.
+    pub ahead: Option<std::time::Duration>,
     /// Map the file anew for every repetition, inside the timed region (the
     /// page cache stays warm; the mapping's page tables start empty): what a
     /// program gets for a file it opens, streams once and closes.
@@ -127,7 +129,10 @@ fn transfer_spans(
     first.peak_pinned = reports.iter().map(|r| r.peak_pinned).max().unwrap_or(0);
     first.chained = reports.len() > 1 && reports[1..].iter().all(|r| r.chained);
     // The breakdown of every pass the transfers ran in (chained transfers'
-    // own breakdowns overlap).
+    // own breakdowns overlap), once the last one has ended: a pass reading
+    // ahead for a next transfer ends at a blocking call (here an empty one).
+    let mut none = target.buf.slice_mut(0..0)?;
+    streamer.to_device(file, 0..0, &mut none)?;
     first.breakdown = streamer.totals().since(&totals);
     Ok(first)
 }
@@ -172,6 +177,9 @@ impl Run<'_> {
         config.copy_streams = spec.copy_streams;
         if let Some(n) = spec.reserve {
             config.reserve_threads = n;
+        }
+        if let Some(d) = spec.ahead {
+            config.read_ahead = d;
         }
         Ok(Streamer::new(&[self.dev], config)?)
     }
@@ -313,9 +321,9 @@ impl Tally {
         }
         row.strategy = report.strategy.to_string();
         row.resolved = Some(report.strategy);
-        // Where the agents' time went (one transfer's: not for spans,
-        // whose transfers overlap).
-        let extra = if spec.spans.is_none() { format!("; {}", report.breakdown) } else { String::new() };
+        // Where the agents' time went (for spans, that of every pass their
+        // transfers ran in: `transfer_spans`).
+        let extra = format!("; {}", report.breakdown);
         self.breakdowns.push((seconds, report.breakdown));
         extra
     }
