@@ -42,7 +42,7 @@ use wirespeed_cuda::locks::lock;
 
 use crate::budget::{PinBudget, Reservation};
 use crate::error::{Error, Result};
-use inner::RingInner;
+use inner::{RingInner, Slot};
 pub use slots::{FreeSlot, FullSlot, InFlightSlot, SlotSource};
 
 /// K pinned slots of `slot_bytes`, allocated once (`cudaHostAlloc`, portable)
@@ -291,17 +291,19 @@ impl PinnedRing {
         if let Some(slot) = st.free.pop() {
             return Ok(Some(FreeSlot::new(slot, &self.inner, 0)));
         }
-        let Some(mut slot) = st.in_flight.pop_front() else {
+        let Some(slot) = st.in_flight.pop_front() else {
             return Ok(None);
         };
         drop(st);
-        let ready = match slot.is_complete() {
-            Ok(true) => slot.wait().map(Some),
-            Ok(false) => Ok(None),
-            Err(e) => Err(e),
-        };
-        match ready {
-            Ok(Some(done)) => Ok(Some(FreeSlot::new(slot, &self.inner, done))),
+        self.reclaim(slot, |s| if s.is_complete()? { s.wait().map(Some) } else { Ok(None) })
+    }
+
+    /// `slot`, the oldest in flight (taken from the queue), free once `done`
+    /// answers the bytes of its completed copies; back at the queue's front
+    /// when it answers `None` (not completed) or fails.
+    fn reclaim(&self, mut slot: Slot, done: impl FnOnce(&mut Slot) -> Result<Option<u64>>) -> Result<Option<FreeSlot>> {
+        match done(&mut slot) {
+            Ok(Some(bytes)) => Ok(Some(FreeSlot::new(slot, &self.inner, bytes))),
             other => {
                 self.inner.put_back_in_flight(slot, true);
                 other.map(|_| None)
@@ -315,15 +317,9 @@ impl PinnedRing {
             if let Some(slot) = st.free.pop() {
                 return Ok(Some(FreeSlot::new(slot, &self.inner, 0)));
             }
-            if let Some(mut slot) = st.in_flight.pop_front() {
+            if let Some(slot) = st.in_flight.pop_front() {
                 drop(st);
-                return match slot.wait() {
-                    Ok(done) => Ok(Some(FreeSlot::new(slot, &self.inner, done))),
-                    Err(e) => {
-                        self.inner.put_back_in_flight(slot, true);
-                        Err(e)
-                    }
-                };
+                return self.reclaim(slot, |s| s.wait().map(Some));
             }
             st = match deadline {
                 None => self.inner.returned.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner),
