@@ -235,3 +235,43 @@ fn without_a_read_ahead_a_pass_reads_nothing_ahead() {
     drop((s, bufs));
     t.assert_clean();
 }
+
+/// Bytes read ahead and dropped (another range came first) are not read
+/// again by the pass for a transfer that comes later and covers them: such
+/// a transfer waits for the next pass. It once joined, its parts inside the
+/// dropped bytes were dropped too, and it failed ("its pass ended before its
+/// copies were").
+#[test]
+fn a_transfer_over_bytes_read_ahead_and_dropped_gets_them_all() {
+    let t = start();
+    let _w = Watchdog::new(30);
+    let dir = TempDir::new("ahead-dropped-then-asked");
+    let (file, data) = data_file(&dir, 57);
+    let dev = Device::get(0).unwrap();
+    let held = Stream::new(&dev).unwrap();
+    for _ in 0..4 {
+        let s = streamer(dev);
+        let mut bufs = buffers(dev, 3);
+        let [b0, b1, b2] = &mut bufs[..] else { unreachable!() };
+        s.start(&file, piece(0), b0).unwrap().wait().unwrap();
+        // Another range, held on the device: what was read ahead after piece
+        // 0 is dropped, and the pass waits for `held` to open.
+        let (open, gate) = channel::<()>();
+        held.launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
+        let other = s.start_with(&file, piece(5), b1, StartOptions::new().after(&held)).unwrap();
+        // Piece 1, over the bytes read ahead after piece 0.
+        let next = s.start(&file, piece(1), b2).unwrap();
+        open.send(()).unwrap();
+        other.wait().unwrap();
+        next.wait().unwrap();
+        drop(s);
+        assert_piece(&bufs[0], &data, 0);
+        assert_piece(&bufs[1], &data, 5);
+        assert_piece(&bufs[2], &data, 1);
+    }
+    drop(held);
+    t.assert_clean();
+}

@@ -153,7 +153,8 @@ struct Segments {
 /// [`StreamConfig::read_ahead`]: super::StreamConfig::read_ahead
 struct Ahead {
     range: Range<u64>,
-    /// When it is dropped if no transfer has taken it.
+    /// When it is dropped if no transfer has taken it: the read-ahead's time
+    /// after the pass's transfers have all their copies enqueued.
     until: Instant,
     state: AheadState,
 }
@@ -192,6 +193,15 @@ impl Segments {
     /// The index of the transfer whose range holds `off`.
     fn find(&self, off: u64) -> Option<usize> {
         self.by_range.find(off).copied()
+    }
+
+    /// Whether `range` shares a byte with bytes read ahead and dropped: the
+    /// claims still hold their parts, which the agents drop, so a transfer
+    /// over them cannot join the pass.
+    fn over_dropped(&self, range: &Range<u64>) -> bool {
+        self.ahead
+            .as_ref()
+            .is_some_and(|a| a.state == AheadState::Dropped && a.range.start < range.end && range.start < a.range.end)
     }
 }
 
@@ -267,11 +277,22 @@ impl Chain<'_> {
     /// part of earlier bytes read ahead must not wait for later ones).
     fn resolve(&self, stop: &dyn Fn() -> bool, which: Option<&Range<u64>>) {
         loop {
-            let (range, until) = match &lock(&self.segments).ahead {
-                Some(Ahead { range, until, state: AheadState::Waiting }) if which.is_none_or(|w| w == range) => {
-                    (range.clone(), *until)
+            let (range, until) = {
+                let mut g = lock(&self.segments);
+                let segments = &mut *g;
+                // The time runs from when the pass's transfers have all their
+                // copies enqueued: no transfer can come before (a caller
+                // ordering its work after the last one waits for that).
+                let enqueuing = segments.list.iter().any(|s| s.left > 0);
+                match segments.ahead.as_mut() {
+                    Some(a) if a.state == AheadState::Waiting && which.is_none_or(|w| *w == a.range) => {
+                        if enqueuing {
+                            a.until = Instant::now().checked_add(self.read_ahead).unwrap_or(a.until);
+                        }
+                        (a.range.clone(), a.until)
+                    }
+                    _ => return,
                 }
-                _ => return,
             };
             let now = Instant::now();
             let give_up = now >= until || stop() || self.entering.load(Ordering::SeqCst) > 0;
@@ -357,7 +378,7 @@ impl Feed for Chain<'_> {
             return self.read_ahead(&mut lock(&self.segments)).map(|r| (r, None));
         };
         let mut segments = lock(&self.segments);
-        if !self.joins(&job) || segments.by_range.overlaps(&job.range) {
+        if !self.joins(&job) || segments.by_range.overlaps(&job.range) || segments.over_dropped(&job.range) {
             *leftover = Some(job);
             return None;
         }

@@ -92,7 +92,8 @@ pub struct StreamConfig {
     /// a read-ahead, once a pass of [`Strategy::Ring`] has claimed its last
     /// transfer, its threads fill up to half the ring's slots with the bytes
     /// that follow it (as many as it had, to the end of the file) and hold
-    /// them for up to this long. A transfer queued meanwhile that starts
+    /// them for up to this long once that transfer's copies are all enqueued
+    /// (when its caller learns it may go on). A transfer queued meanwhile that starts
     /// there, of the same mapping, takes them: its copies are enqueued as
     /// soon as it is queued, and the pass goes on with it. Anything else
     /// queued, a blocking call on the streamer, the time running out or the
