@@ -47,7 +47,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use wirespeed_cuda::locks::lock;
@@ -223,6 +223,8 @@ pub(super) struct Chain<'q> {
     /// Threads waiting to take the streamer: bytes read ahead are dropped
     /// rather than keep them waiting.
     entering: &'q AtomicUsize,
+    /// Told (with `segments`) when bytes read ahead are taken or dropped.
+    changed: Condvar,
 }
 
 impl Chain<'_> {
@@ -297,17 +299,33 @@ impl Chain<'_> {
             let now = Instant::now();
             let give_up = now >= until || stop() || self.entering.load(Ordering::SeqCst) > 0;
             let most = if give_up { Duration::ZERO } else { (until - now).min(AHEAD_LOOK) };
-            let next = lock(self.queue).take_if_within(most, |job| {
+            // One thread watches the queue; the others wait to be told what
+            // became of the bytes (each would otherwise wait its own turn at
+            // the queue, a slice each, after they were taken).
+            let mut queue = match self.queue.try_lock() {
+                Ok(q) => q,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    let segments = lock(&self.segments);
+                    if segments.ahead.as_ref().is_some_and(|a| a.state == AheadState::Waiting && a.range == range) {
+                        let _ = self.changed.wait_timeout(segments, AHEAD_LOOK);
+                    }
+                    continue;
+                }
+            };
+            let next = queue.take_if_within(most, |job| {
                 self.joins(job)
                     && job.range.start == range.start
                     && job.range.end >= range.end
                     && !lock(&self.segments).by_range.overlaps(&job.range)
             });
+            drop(queue);
             let mut segments = lock(&self.segments);
             let still = segments.ahead.as_ref().is_some_and(|a| a.state == AheadState::Waiting && a.range == range);
             match next {
                 Next::Taken(job) if still => {
                     self.take_ahead(&mut segments, *job);
+                    self.changed.notify_all();
                     return;
                 }
                 Next::Taken(job) => {
@@ -320,6 +338,7 @@ impl Chain<'_> {
                 Next::Nothing | Next::Other | Next::Closed => {
                     if let Some(a) = segments.ahead.as_mut().filter(|_| still) {
                         a.state = AheadState::Dropped;
+                        self.changed.notify_all();
                     }
                     return;
                 }
@@ -442,6 +461,7 @@ impl Feed for Chain<'_> {
         match segments.ahead.as_mut().filter(|a| a.range.contains(&part.start)) {
             Some(a) if a.state == AheadState::Waiting => {
                 a.state = AheadState::Dropped;
+                self.changed.notify_all();
                 true
             }
             Some(a) => a.state == AheadState::Dropped,
@@ -566,6 +586,7 @@ pub(super) fn run_chain(shared: &Shared, job: Job, queue: &Mutex<JobQueue>, plan
         pass: OnceLock::new(),
         read_ahead: shared.config.read_ahead,
         entering: &shared.entering,
+        changed: Condvar::new(),
     };
     let range = job.range.clone();
     let after = job.after.take();
