@@ -8,6 +8,10 @@
 //! Slots are small (a few MiB) so that a slot just written is still in the
 //! CPU's last-level cache when the DMA reads it.
 //!
+//! A part read ahead of its transfer (`StreamConfig::read_ahead`) is filled
+//! like any other, then held until a transfer takes it (its copies are then
+//! enqueued as any part's) or dropped unread (the slot goes back free).
+//!
 //! [`Strategy::Ring`]: crate::Strategy::Ring
 //! [`Strategy::Hybrid`]: crate::Strategy::Hybrid
 //! [`Strategy::Direct`]: crate::Strategy::Direct
