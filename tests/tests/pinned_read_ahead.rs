@@ -14,7 +14,7 @@
 //! read-ahead's time to run out instead.
 
 use std::sync::Arc;
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{Sender, channel};
 use std::time::Duration;
 
 use wirespeed_cuda::{Device, DeviceBuffer, Stream};
@@ -48,6 +48,18 @@ fn streamer(dev: Device) -> Streamer {
 
 fn buffers(dev: Device, n: usize) -> Vec<DeviceBuffer<u8>> {
     (0..n).map(|_| DeviceBuffer::new(&dev, PIECE).unwrap()).collect()
+}
+
+/// Holds `stream` with a host function until the answered sender is used
+/// (or dropped).
+fn hold(stream: &Stream) -> Sender<()> {
+    let (open, held) = channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = held.recv();
+        })
+        .unwrap();
+    open
 }
 
 fn assert_piece(buf: &DeviceBuffer<u8>, data: &[u8], i: usize) {
@@ -105,13 +117,7 @@ fn a_piece_read_ahead_waits_for_what_it_must_follow() {
     let [b0, b1, b2] = &mut bufs[..] else { unreachable!() };
     let t0 = s.start(&file, piece(0), b0).unwrap();
     t0.then_on(&mine).unwrap();
-    // `later` is held by a host function until `open` is used.
-    let (open, held) = channel::<()>();
-    later
-        .launch_host_fn(move || {
-            let _ = held.recv();
-        })
-        .unwrap();
+    let open = hold(&later);
     let t1 = s.start_with(&file, piece(1), b1, StartOptions::new().after(&later)).unwrap();
     let r0 = t0.wait().unwrap();
     assert!(!t1.is_done(), "piece 1 must follow `later`, which is held");
@@ -256,11 +262,7 @@ fn a_transfer_over_bytes_read_ahead_and_dropped_gets_them_all() {
         s.start(&file, piece(0), b0).unwrap().wait().unwrap();
         // Another range, held on the device: what was read ahead after piece
         // 0 is dropped, and the pass waits for `held` to open.
-        let (open, gate) = channel::<()>();
-        held.launch_host_fn(move || {
-            let _ = gate.recv();
-        })
-        .unwrap();
+        let open = hold(&held);
         let other = s.start_with(&file, piece(5), b1, StartOptions::new().after(&held)).unwrap();
         // Piece 1, over the bytes read ahead after piece 0.
         let next = s.start(&file, piece(1), b2).unwrap();

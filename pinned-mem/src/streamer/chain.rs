@@ -352,17 +352,26 @@ impl Chain<'_> {
     fn take_ahead(&self, segments: &mut Segments, job: Job) {
         let Some(ahead) = segments.ahead.as_ref() else { return };
         let rest = (ahead.range.end < job.range.end).then_some(ahead.range.end..job.range.end);
+        let (index, _) = self.join(segments, job);
+        if let Some(a) = segments.ahead.as_mut() {
+            a.state = AheadState::Taken { index, rest };
+        }
+    }
+
+    /// `job` joins the pass as a chained transfer: what it must follow is
+    /// nothing to wait for once it has completed; else its range waits
+    /// behind a gate (see `open_ready`). Its index and that gate.
+    fn join(&self, segments: &mut Segments, job: Job) -> (usize, Option<Arc<Gate>>) {
         let mut seg = Segment::new(job, true, self.budget, self.counts());
         if seg.after.as_ref().is_some_and(|ev| ev.query().unwrap_or(false)) {
             seg.after = None;
         }
         seg.gate = seg.after.is_some().then(|| Arc::new(Gate::default()));
+        let gate = seg.gate.clone();
         let index = segments.list.len();
         segments.push(seg);
-        if let Some(a) = segments.ahead.as_mut() {
-            a.state = AheadState::Taken { index, rest };
-        }
         open_ready(&mut segments.list, self.streams);
+        (index, gate)
     }
 
     /// The rest of the transfer that took the bytes read ahead, with its
@@ -402,16 +411,7 @@ impl Feed for Chain<'_> {
             return None;
         }
         let range = job.range.clone();
-        let mut seg = Segment::new(job, true, self.budget, self.counts());
-        // What it must follow: nothing to wait for once it has completed;
-        // else its range waits behind a gate (see `open_ready`).
-        if seg.after.as_ref().is_some_and(|ev| ev.query().unwrap_or(false)) {
-            seg.after = None;
-        }
-        seg.gate = seg.after.is_some().then(|| Arc::new(Gate::default()));
-        let gate = seg.gate.clone();
-        segments.push(seg);
-        open_ready(&mut segments.list, self.streams);
+        let (_, gate) = self.join(&mut segments, job);
         Some((range, gate))
     }
 
