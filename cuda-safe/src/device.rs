@@ -2,13 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::raw;
-use std::cell::Cell;
 use wirespeed_cuda_sys::cudaDeviceAttr;
-
-thread_local! {
-    /// The device this crate last made current on this thread (-1: unknown).
-    static CURRENT: Cell<i32> = const { Cell::new(-1) };
-}
 
 /// One CUDA device, by ordinal. Every object made on a device remembers it and
 /// makes it current before each call, so a value moved to another thread, or
@@ -91,18 +85,17 @@ impl Device {
     /// # Errors
     /// The runtime's error.
     pub fn make_current(&self) -> Result<()> {
-        raw::set_device(self.ordinal)?;
-        CURRENT.with(|c| c.set(self.ordinal));
-        Ok(())
+        raw::set_device(self.ordinal)
     }
 
-    /// Makes this device current unless this crate already made it current on
-    /// this thread (a thread-local cache: one `cudaSetDevice` per switch, not
-    /// per call). Code that calls `cudaSetDevice` itself between calls of this
-    /// crate on the same thread should call [`Device::make_current`] after.
+    /// Makes this device current unless it is current on this thread. It
+    /// asks the runtime (`cudaGetDevice`, a thread-local read there) rather
+    /// than remembering what it set: other code on the thread (PyTorch's
+    /// `torch.cuda.set_device`, say) may have made another device current
+    /// since.
     #[inline]
     pub(crate) fn ensure_current(&self) -> Result<()> {
-        if CURRENT.with(|c| c.get()) == self.ordinal {
+        if raw::current_device()? == self.ordinal {
             return Ok(());
         }
         self.switch_to()
