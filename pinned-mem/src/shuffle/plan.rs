@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 const EPOCH: u64 = 1;
 const BLOCKS: u64 = 2;
 const GROUP: u64 = 3;
+const SHORT: u64 = 4;
 
 /// Every record of the epoch in one shuffled order: position `p` of the
 /// padded order holds record `perm(p mod n)`.
@@ -68,9 +69,11 @@ pub(crate) struct PoolShape {
 
 /// One epoch of one rank through the pool.
 ///
-/// The file's whole blocks are put in a random order (the short last block,
-/// if any, comes last), so that the epoch's order is the blocks' records in
-/// that order; the rank's share of it (a contiguous range, as [`Sharding`]
+/// The file's blocks are put in a random order (the short last block, if
+/// any, at a random place among them too, so that `drop_last` drops other
+/// records each epoch, unless the group that holds it would then hold
+/// fewer records than a batch), so that the epoch's order is the blocks'
+/// records in that order; the rank's share of it (a contiguous range, as [`Sharding`]
 /// cuts) is a run of *pieces* (whole blocks, and parts of blocks at its ends).
 /// Group `g` is the run's pieces `g * slots .. (g + 1) * slots`, streamed into
 /// half `g % 2` of the pool, one piece per slot; the group's records are
@@ -83,6 +86,10 @@ pub(crate) struct PoolOrder {
     shape: PoolShape,
     blocks: Permutation,
     full_blocks: u64,
+    /// Where the short last block (if any) comes in the blocks' order: after
+    /// this many whole blocks.
+    short_at: u64,
+    shuffle: bool,
     seed: u64,
     epoch: u64,
     /// Start of each group in the rank's share, and the share's length at the end.
@@ -159,12 +166,16 @@ impl PoolOrder {
         let full_blocks = n / shape.block_records;
         let k = key(seed, &[BLOCKS, epoch]);
         let blocks = if shuffle { Permutation::new(full_blocks, k) } else { Permutation::identity(full_blocks) };
+        // The short block goes anywhere where the group that holds it still
+        // holds a batch; in a pool of one slot a half, it stays last.
+        let t = shape.block_records;
+        let movable = shape.slots.saturating_sub(1).saturating_mul(t) + (n - full_blocks * t) >= cut.batch_size();
+        let short_at = if shuffle && movable { key(seed, &[SHORT, epoch]) % (full_blocks + 1) } else { full_blocks };
         let tables = Tables::default();
-        let mut order = PoolOrder { cut, shape, blocks, full_blocks, seed, epoch, group_starts: Vec::new(), tables };
+        let group_starts = Vec::new();
+        let mut order =
+            PoolOrder { cut, shape, blocks, full_blocks, short_at, shuffle, seed, epoch, group_starts, tables };
         order.group_starts = order.find_groups();
-        if !shuffle {
-            order.seed = u64::MAX; // marks the identity order of each group (see group_perm)
-        }
         order.check_batches_fit()?;
         Ok(order)
     }
@@ -173,26 +184,35 @@ impl PoolOrder {
         self.cut.positions()
     }
 
-    /// The block at position `k` of the epoch's block order.
-    fn block_at(&self, k: u64) -> u64 {
-        if k < self.full_blocks { self.blocks.at(k) } else { k }
+    /// The block that holds position `q` of the epoch's (unpadded) order,
+    /// where `q` is in it, and the block's records: whole blocks in the
+    /// permutation's order, with the short last block after `short_at` of them.
+    fn locate(&self, q: u64) -> (u64, u64, u64) {
+        let t = self.shape.block_records;
+        let short = self.cut.records() - self.full_blocks * t;
+        let before = self.short_at * t;
+        if short == 0 || q < before {
+            (self.blocks.at(q / t), q % t, t)
+        } else if q < before + short {
+            (self.full_blocks, q - before, short)
+        } else {
+            let r = q - short;
+            (self.blocks.at(r / t), r % t, t)
+        }
     }
 
     /// The piece that holds padded position `p`, and where `p` is in it.
     fn piece_at(&self, p: u64) -> (Piece, u64) {
         let t = self.shape.block_records;
-        let n = self.cut.records();
         let q = self.cut.unpad(p);
-        let (k, within) = (q / t, q % t);
-        let block = self.block_at(k);
-        let block_end = ((block + 1) * t).min(n);
+        let (block, within, block_len) = self.locate(q);
         // The piece runs from the later of the block's start and the share's
         // start (or the wrap to the epoch's start), to the earlier of the
         // block's end and the share's end (or the wrap).
         let share = self.share();
-        let wrap = p - q + n; // the padded position where the order starts over
+        let wrap = p - q + self.cut.records(); // the padded position where the order starts over
         let first = p - within.min(p - share.start.max(p - q));
-        let last = (p + (block_end - block * t - within)).min(share.end).min(wrap);
+        let last = (p + (block_len - within)).min(share.end).min(wrap);
         let start_record = block * t + within - (p - first);
         (Piece { records: start_record..start_record + (last - first) }, p - first)
     }
@@ -256,7 +276,7 @@ impl PoolOrder {
     }
 
     fn group_perm(&self, g: u64, len: u64) -> Permutation {
-        if self.seed == u64::MAX {
+        if !self.shuffle {
             return Permutation::identity(len);
         }
         Permutation::new(len, key(self.seed, &[GROUP, self.epoch, self.share().start + self.group_range(g).start]))
@@ -410,6 +430,47 @@ mod tests {
             every_record(57, 8, 4, 5, 7, false, shuffle);
             every_record(9, 4, 2, 2, 4, false, shuffle);
         }
+    }
+
+    #[test]
+    fn the_short_last_block_moves_so_that_drop_last_drops_other_records() {
+        // 103 records in blocks of 10: the last block holds 3. Three ranks with
+        // drop_last drop one record an epoch, and batches of 7 drop more.
+        let shape = PoolShape { block_records: 10, slots: 3 };
+        let mut ever = [false; 103];
+        let (mut pieces, mut drawn) = (Vec::new(), Vec::new());
+        let mut places = std::collections::BTreeSet::new();
+        for epoch in 0..40 {
+            for rank in 0..3 {
+                let cut = Sharding::new(103, 7, rank, 3, true).unwrap();
+                let order = PoolOrder::new(cut, shape, 9, epoch, true).unwrap();
+                places.insert(order.short_at);
+                for b in 0..cut.batches() {
+                    order.batch(b, &mut pieces, &mut drawn);
+                    drawn.iter().for_each(|d| ever[d.record as usize] = true);
+                }
+            }
+        }
+        assert!(places.len() > 3, "the short block came at {places:?}");
+        assert!(ever.iter().all(|&e| e), "never delivered: {:?}", (0..103).filter(|&r| !ever[r]).collect::<Vec<_>>());
+        // Without shuffling, the blocks keep the file's order, the short one last.
+        let cut = Sharding::new(103, 7, 0, 1, false).unwrap();
+        let order = PoolOrder::new(cut, shape, 9, 0, false).unwrap();
+        order.batch(14, &mut pieces, &mut drawn);
+        assert_eq!(drawn.iter().map(|d| d.record).collect::<Vec<_>>(), (98..103).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn seed_u64_max_shuffles_like_any_other() {
+        let cut = Sharding::new(1000, 100, 0, 1, false).unwrap();
+        let shape = PoolShape { block_records: 100, slots: 4 };
+        let order = PoolOrder::new(cut, shape, u64::MAX, 0, true).unwrap();
+        let (mut pieces, mut drawn) = (Vec::new(), Vec::new());
+        order.batch(0, &mut pieces, &mut drawn);
+        let mut records: Vec<u64> = drawn.iter().map(|d| d.record).collect();
+        let before = records.clone();
+        records.sort();
+        assert_ne!(before, records, "a group's records came in file order");
     }
 
     #[test]
