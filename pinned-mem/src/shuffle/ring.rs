@@ -13,7 +13,8 @@
 //! completed (the ring waits on the slot's event), so a thread keeps a slot
 //! more than the batches it is asked for ahead: it fills the next batch's
 //! while the last one handed out still copies. A slot holds a thread's share
-//! of a batch (at most 4 MiB), so the slots cost little pinned memory.
+//! of a batch (at most 4 MiB, or one record where records are wider), so the
+//! slots cost little pinned memory.
 //!
 //! Work asked for belongs to a generation: when the loader hands out another
 //! batch than the one asked for first (a seek, another epoch, a retry after
@@ -121,10 +122,12 @@ impl RingGather {
         // SLOTS slots where the budget holds more of that size.
         let page = crate::util::page_size();
         let share_bytes = |threads: u64| cut.batch_size().div_ceil(threads).max(1).saturating_mul(packed);
+        // A slot holds at least one record, however wide.
+        let most = SLOT_BYTES.max(widest.div_ceil(page).saturating_mul(page));
         // (A slot may draw a page more from the budget, to align it.)
         let fit = |threads: u64, slots: u64| {
             ((budget / slots.saturating_mul(threads)).saturating_sub(page) / page * page)
-                .min(SLOT_BYTES)
+                .min(most)
                 .min(share_bytes(threads))
         };
         let (threads, slots) = (1..=config.ring_threads.clamp(1, 256) as u64)
