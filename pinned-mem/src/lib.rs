@@ -110,8 +110,8 @@ pub use memlock::{memlock_headroom, memlock_limit};
 pub use range::{PinOptions, PinnedRange};
 pub use ring::{FreeSlot, FullSlot, InFlightSlot, PinnedRing, SlotSource};
 pub use shuffle::{
-    BatchInfo, DEFAULT_BLOCK_BYTES, DEFAULT_PIN_BUDGET, DEFAULT_RING_THREADS, Loader, LoaderConfig, LoaderState,
-    Permutation, Records, Sharding, Way,
+    BatchInfo, Checkpoint, DEFAULT_BLOCK_BYTES, DEFAULT_PIN_BUDGET, DEFAULT_RING_THREADS, Loader, LoaderConfig,
+    LoaderState, Permutation, Records, Sharding, Way,
 };
 pub use strategy::Strategy;
 pub use streamer::{

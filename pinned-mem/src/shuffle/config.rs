@@ -48,7 +48,17 @@ pub enum Way {
 /// assert_eq!(c.batch_size, 4096);
 /// assert_eq!((c.rank, c.world), (1, 2));
 /// ```
+///
+/// Every setting the order depends on is here, so that ranks, and a run and
+/// its resume, given the same configuration hand out the same order. The one
+/// default that follows the machine is [`LoaderConfig::device_budget`] (half
+/// of the device's free memory): with more than one rank, [`Loader::new`]
+/// refuses it where it would choose the order (set it, the same on every
+/// rank, or name the way and the pool's shape).
+///
+/// [`Loader::new`]: super::Loader::new
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LoaderConfig {
     /// Records per batch (the last batch of an epoch may have fewer unless `drop_last`).
     pub batch_size: u64,
@@ -66,7 +76,9 @@ pub struct LoaderConfig {
     /// Where the records are gathered from.
     pub way: Way,
     /// Device memory the loader may take for the arrays (resident copies or
-    /// the pool), in bytes; by default, half of the device's free memory.
+    /// the pool), in bytes; by default, half of the device's free memory
+    /// (refused with more than one rank where it would choose the order:
+    /// see [`LoaderConfig`]).
     pub device_budget: Option<u64>,
     /// Pinned memory for streaming and registering.
     pub pin_budget: PinBudget,
@@ -75,6 +87,9 @@ pub struct LoaderConfig {
     pub block_bytes: u64,
     /// CPU threads of [`Way::Ring`] (default [`DEFAULT_RING_THREADS`]).
     pub ring_threads: usize,
+    /// Blocks of each half of the pool: how many blocks a batch draws from
+    /// (default: as many as the device budget holds).
+    pub pool_slots: Option<u64>,
 }
 
 /// The default CPU threads of [`Way::Ring`]. Each byte is read, written to
@@ -109,6 +124,7 @@ impl LoaderConfig {
             pin_budget: PinBudget::new(DEFAULT_PIN_BUDGET),
             block_bytes: DEFAULT_BLOCK_BYTES,
             ring_threads: DEFAULT_RING_THREADS,
+            pool_slots: None,
         }
     }
 
@@ -143,7 +159,8 @@ impl LoaderConfig {
         self
     }
 
-    /// Device memory the loader may take for the arrays.
+    /// Device memory the loader may take for the arrays (the way and the
+    /// pool's shape follow from it: give every rank the same).
     pub fn device_budget(mut self, bytes: u64) -> Self {
         self.device_budget = Some(bytes);
         self
@@ -179,6 +196,22 @@ impl LoaderConfig {
     /// ```
     pub fn ring_threads(mut self, threads: usize) -> Self {
         self.ring_threads = threads;
+        self
+    }
+
+    /// Blocks of each half of the pool (with [`Way::Pool`]): each batch
+    /// draws its records from about this many blocks. By default as many as
+    /// [`LoaderConfig::device_budget`] holds; set it so that the order does
+    /// not depend on the budget (the pool then takes `2 * slots` blocks of
+    /// device memory, which the budget, where set, must hold).
+    ///
+    /// ```
+    /// use wirespeed_pinned::LoaderConfig;
+    /// assert_eq!(LoaderConfig::new(4096).pool_slots, None);
+    /// assert_eq!(LoaderConfig::new(4096).pool_slots(16).pool_slots, Some(16));
+    /// ```
+    pub fn pool_slots(mut self, slots: u64) -> Self {
+        self.pool_slots = Some(slots);
         self
     }
 }

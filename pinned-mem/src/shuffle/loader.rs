@@ -32,6 +32,37 @@ pub struct LoaderState {
     pub batch: u64,
 }
 
+/// Where a loader is, and everything its order depends on: what a training
+/// checkpoint saves ([`Loader::checkpoint`]) and a resumed run hands back
+/// ([`Loader::resume`]), which refuses a checkpoint of another order and
+/// names what differs. Ranks are not part of it: every rank is at the same
+/// batch, so any rank's checkpoint resumes every rank.
+///
+/// The order is the same for [`Way::Resident`], [`Way::Registered`] and
+/// [`Way::Ring`] (a full shuffle), so a checkpoint of one resumes another;
+/// [`Way::Pool`]'s differs, and depends on the pool's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Checkpoint {
+    /// The epoch and the next batch.
+    pub state: LoaderState,
+    /// Records of the arrays.
+    pub records: u64,
+    /// Records per batch.
+    pub batch_size: u64,
+    /// Shuffled, or in file order.
+    pub shuffle: bool,
+    /// The seed.
+    pub seed: u64,
+    /// Whether the short last batch and the records that do not divide among the ranks are dropped.
+    pub drop_last: bool,
+    /// The number of ranks.
+    pub world: u64,
+    /// With [`Way::Pool`], the pool's shape, `(records per block, blocks per
+    /// half)`; `None` for a full shuffle.
+    pub pool: Option<(u64, u64)>,
+}
+
 /// A batch handed out by [`Loader::next_into`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchInfo {
@@ -180,10 +211,21 @@ impl Loader {
         let cut = Sharding::new(first.count(), config.batch_size, config.rank, config.world, config.drop_last)?;
         let device_budget = match config.device_budget {
             Some(b) => b,
-            None => device.mem_info()?.0 as u64 / 2,
+            None => {
+                check_ranks_agree(&config)?;
+                device.mem_info()?.0 as u64 / 2
+            }
         };
         let way = resolve(&config, arrays, device_budget);
         let streamer = pool_streamer(device, way, &config)?;
+        if way == Way::Pool {
+            // The ring and the registration context now: made by the first
+            // transfer, the ring's pinned allocation (cudaFreeHost of a slot
+            // it realigns, at least) would wait for every stream of the
+            // device, the caller's queued work included.
+            let widest = arrays.iter().map(|a| a.count().saturating_mul(a.record_bytes())).max().unwrap_or(0);
+            streamer.prepare(widest)?;
+        }
         let stream = Stream::new(device)?;
         let marks = Marks {
             ready: Event::new(device, EventOptions::default())?,
@@ -318,6 +360,90 @@ impl Loader {
     /// Where the loader is: the epoch and the next batch.
     pub fn state(&self) -> LoaderState {
         self.state
+    }
+
+    /// Where the loader is and what its order depends on, to save with a
+    /// training checkpoint and give to [`Loader::resume`].
+    ///
+    /// ```
+    /// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    /// # wirespeed_cuda::sys::emulator::install()?; // the emulated runtime (see wirespeed-cuda's docs)
+    /// use wirespeed_cuda::{Device, DeviceBuffer};
+    /// use wirespeed_pinned::{Loader, LoaderConfig, MappedFile, Records};
+    /// # let path = std::env::temp_dir().join(format!("loader-doc-ckpt-{}.bin", std::process::id()));
+    /// # std::fs::write(&path, vec![7u8; 64 * 4])?; // 64 records of 4 bytes
+    /// # // SAFETY: nobody writes or truncates the file while it is mapped.
+    /// # let file = unsafe { MappedFile::open(&path) }?;
+    /// let dev = Device::get(0)?;
+    /// let arrays = [Records::new(&file, 0, 4)?];
+    /// let mut loader = Loader::new(&dev, &arrays, LoaderConfig::new(16).seed(3))?;
+    /// let mut batch = DeviceBuffer::<u8>::new(&dev, 16 * 4)?;
+    /// loader.next_into(&mut [batch.slice_mut(..)?])?;
+    /// let saved = loader.checkpoint(); // saved with the model
+    /// // After a restart: the same configuration goes on exactly where it was.
+    /// let mut again = Loader::new(&dev, &arrays, LoaderConfig::new(16).seed(3))?;
+    /// again.resume(&saved)?;
+    /// assert_eq!(again.state().batch, 1);
+    /// // Another seed is another order: refused, and the error says which setting differs.
+    /// let mut other = Loader::new(&dev, &arrays, LoaderConfig::new(16).seed(4))?;
+    /// assert!(other.resume(&saved).unwrap_err().to_string().contains("seed"));
+    /// # std::fs::remove_file(&path)?; Ok(()) }
+    /// ```
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            state: self.state,
+            records: self.cut.records(),
+            batch_size: self.config.batch_size,
+            shuffle: self.config.shuffle,
+            seed: self.config.seed,
+            drop_last: self.config.drop_last,
+            world: self.config.world,
+            pool: match &self.store {
+                Store::Pool(p) => Some((p.shape.block_records, p.shape.slots)),
+                _ => None,
+            },
+        }
+    }
+
+    /// Goes on from `saved` (from [`Loader::checkpoint`]): the batches that
+    /// follow are exactly those the run that saved it would have handed out.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first setting that differs
+    /// (records, batch size, shuffle, seed, drop_last, world, the pool's
+    /// shape or a full shuffle), with what to set; as [`Loader::load_state`].
+    pub fn resume(&mut self, saved: &Checkpoint) -> Result<()> {
+        let mine = self.checkpoint();
+        let order = |pool: Option<(u64, u64)>| match pool {
+            None => "a full shuffle (Way::Resident, Registered or Ring)".to_string(),
+            Some((records, slots)) => {
+                format!("the pool's order, blocks of {records} records, {slots} blocks a half (Way::Pool, pool_slots)")
+            }
+        };
+        let differs = [
+            ("records", mine.records != saved.records, saved.records.to_string(), mine.records.to_string()),
+            (
+                "batch_size",
+                mine.batch_size != saved.batch_size,
+                saved.batch_size.to_string(),
+                mine.batch_size.to_string(),
+            ),
+            ("shuffle", mine.shuffle != saved.shuffle, saved.shuffle.to_string(), mine.shuffle.to_string()),
+            ("seed", mine.seed != saved.seed, saved.seed.to_string(), mine.seed.to_string()),
+            ("drop_last", mine.drop_last != saved.drop_last, saved.drop_last.to_string(), mine.drop_last.to_string()),
+            ("world", mine.world != saved.world, saved.world.to_string(), mine.world.to_string()),
+            ("order", mine.pool != saved.pool, order(saved.pool), order(mine.pool)),
+        ];
+        if let Some((what, _, was, is)) = differs.into_iter().find(|d| d.1) {
+            return Err(Error::invalid(
+                "Loader::resume",
+                format!(
+                    "the checkpoint was made with {what} {was}, this loader has {is}: build the loader with the \
+                     checkpoint's {what} to go on in its order"
+                ),
+            ));
+        }
+        self.load_state(saved.state)
     }
 
     /// Resumes at `state` (from [`Loader::state`], of a loader of the same
@@ -598,7 +724,7 @@ fn resolve(config: &LoaderConfig, arrays: &[Records], device_budget: u64) -> Way
     let pad = (PAD as u64) * arrays.len() as u64;
     if total.saturating_add(pad) <= device_budget {
         Way::Resident
-    } else if total <= config.pin_budget.available() {
+    } else if total <= config.pin_budget.limit() {
         Way::Registered
     } else if config.way == Way::Full {
         Way::Ring
@@ -683,13 +809,53 @@ fn registered(device: &Device, arrays: &[Records], config: &LoaderConfig) -> Res
     Ok(ranges)
 }
 
+/// With more than one rank and no device budget, the default (half of this
+/// device's free memory) must not choose the order: ranks whose free memory
+/// differs would hand out different orders, records twice and never.
+fn check_ranks_agree(config: &LoaderConfig) -> Result<()> {
+    let follows_memory = match config.way {
+        Way::Auto => Some("whether the pool's order or a full shuffle is used"),
+        Way::Pool if config.pool_slots.is_none() => Some("the pool's shape, hence its order"),
+        _ => None,
+    };
+    match follows_memory {
+        Some(what) if config.world > 1 => Err(Error::invalid(
+            "Loader::new",
+            format!(
+                "rank {} of {}: without a device budget, {what} would follow this rank's free device memory, \
+                 and ranks that differ hand out different orders (records twice and never): set \
+                 LoaderConfig::device_budget to the same bytes on every rank (the least any rank may take), \
+                 or name the way (Way::Full, or Way::Pool with pool_slots)",
+                config.rank, config.world
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn pool_shape(arrays: &[Records], config: &LoaderConfig, device_budget: u64) -> Result<PoolShape> {
     let widest = arrays.iter().map(Records::record_bytes).max().unwrap_or(1);
     let per_record: u64 = arrays.iter().map(Records::record_bytes).sum();
     let block_records = (config.block_bytes / widest).clamp(1, arrays[0].count());
     let slot = block_records.saturating_mul(per_record);
     // Each array's two halves, each followed by PAD bytes.
-    let slots = device_budget.saturating_sub((2 * PAD * arrays.len()) as u64) / slot.saturating_mul(2).max(1);
+    let pads = (2 * PAD * arrays.len()) as u64;
+    let fits = device_budget.saturating_sub(pads) / slot.saturating_mul(2).max(1);
+    if let Some(slots) = config.pool_slots {
+        let need = slot.saturating_mul(2).saturating_mul(slots).saturating_add(pads);
+        if slots == 0 || (config.device_budget.is_some() && slots > fits) {
+            return Err(Error::invalid(
+                "Loader (pool)",
+                format!(
+                    "pool_slots {slots}: the pool needs 1 or more slots a half, and two halves of {slots} blocks of \
+                     {slot} bytes take {need} bytes, more than the device budget of {device_budget}: give fewer \
+                     slots, smaller blocks or a larger budget"
+                ),
+            ));
+        }
+        return Ok(PoolShape { block_records, slots });
+    }
+    let slots = fits;
     if slots == 0 {
         return Err(Error::invalid(
             "Loader (pool)",

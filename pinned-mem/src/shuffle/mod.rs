@@ -12,6 +12,6 @@ mod records;
 mod ring;
 
 pub use config::{DEFAULT_BLOCK_BYTES, DEFAULT_PIN_BUDGET, DEFAULT_RING_THREADS, LoaderConfig, Way};
-pub use loader::{BatchInfo, Loader, LoaderState};
+pub use loader::{BatchInfo, Checkpoint, Loader, LoaderState};
 pub use order::{Permutation, Sharding};
 pub use records::Records;
