@@ -10,6 +10,7 @@ use pyo3::types::{PyBytes, PyDict};
 use wirespeed_cuda::{Device, DeviceBuffer, PinnedBuffer, Stream};
 
 use crate::error::err;
+use crate::handles::keeping_device;
 
 /// Device memory allocated by the library, or a part of it (`_view`),
 /// exposing `__cuda_array_interface__` (version 3, no stream: work on it is
@@ -17,11 +18,33 @@ use crate::error::err;
 /// which is freed when the last of them goes.
 #[pyclass(name = "_DeviceArray", module = "wirespeed", frozen)]
 pub(crate) struct DeviceArray {
-    buf: Arc<DeviceBuffer<u8>>,
+    buf: Shared,
     /// Where this array starts in `buf`.
     offset: usize,
     typestr: String,
     shape: Vec<usize>,
+}
+
+/// The allocation, shared by an array and its views, freed (by the last)
+/// keeping the thread's current device: a batch dropped in a loop must not
+/// leave the loader's device current under torch.
+struct Shared(Option<Arc<DeviceBuffer<u8>>>);
+
+impl std::ops::Deref for Shared {
+    type Target = Arc<DeviceBuffer<u8>>;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("the allocation is taken only when the array is dropped")
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let buf = self.0.take();
+        let _ = keeping_device(|| {
+            drop(buf);
+            Ok(())
+        });
+    }
 }
 
 /// The bytes of `typestr` x `shape`, checked against `nbytes`.
@@ -44,8 +67,8 @@ impl DeviceArray {
         let shape = shape.unwrap_or_else(|| vec![nbytes]);
         described_bytes(&typestr, &shape, nbytes)?;
         let dev = Device::get(device).map_err(err)?;
-        let buf = py.detach(|| DeviceBuffer::<u8>::new(&dev, nbytes.max(1))).map_err(err)?;
-        Ok(DeviceArray { buf: Arc::new(buf), offset: 0, typestr, shape })
+        let buf = py.detach(|| keeping_device(|| DeviceBuffer::<u8>::new(&dev, nbytes.max(1)).map_err(err)))?;
+        Ok(DeviceArray { buf: Shared(Some(Arc::new(buf))), offset: 0, typestr, shape })
     }
 
     /// `nbytes` bytes of this array from byte `offset`, described as
@@ -60,7 +83,7 @@ impl DeviceArray {
                 self.nbytes()
             )));
         }
-        Ok(DeviceArray { buf: self.buf.clone(), offset: self.offset + offset, typestr, shape })
+        Ok(DeviceArray { buf: Shared(Some(Arc::clone(&self.buf))), offset: self.offset + offset, typestr, shape })
     }
 
     /// Size in bytes.
@@ -96,23 +119,26 @@ impl DeviceArray {
     /// The bytes, read back after all work on the device has ended.
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let (off, n) = (self.offset, self.nbytes());
-        let v = py
-            .detach(|| -> wirespeed_cuda::Result<Vec<u8>> {
-                let dev = self.buf.device();
-                dev.synchronize()?;
-                if off == 0 && n == self.buf.len() {
-                    return self.buf.to_vec();
-                }
-                if n == 0 {
-                    return Ok(Vec::new());
-                }
-                // A part: through a pinned buffer of its size, not the whole allocation.
-                let stream = Stream::new(&dev)?;
-                let mut host = PinnedBuffer::<u8>::new(n)?;
-                stream.copy_to_host(&self.buf.slice(off..off + n)?, &mut host)?.wait()?;
-                Ok(host.as_slice()?.to_vec())
+        let v = py.detach(|| {
+            keeping_device(|| {
+                (|| -> wirespeed_cuda::Result<Vec<u8>> {
+                    let dev = self.buf.device();
+                    dev.synchronize()?;
+                    if off == 0 && n == self.buf.len() {
+                        return self.buf.to_vec();
+                    }
+                    if n == 0 {
+                        return Ok(Vec::new());
+                    }
+                    // A part: through a pinned buffer of its size, not the whole allocation.
+                    let stream = Stream::new(&dev)?;
+                    let mut host = PinnedBuffer::<u8>::new(n)?;
+                    stream.copy_to_host(&self.buf.slice(off..off + n)?, &mut host)?.wait()?;
+                    Ok(host.as_slice()?.to_vec())
+                })()
+                .map_err(err)
             })
-            .map_err(err)?;
+        })?;
         Ok(PyBytes::new(py, &v))
     }
 

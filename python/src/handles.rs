@@ -24,3 +24,17 @@ pub(crate) fn device_of(ptr: usize, device: Option<usize>) -> PyResult<Device> {
     };
     Device::get(ordinal).map_err(err)
 }
+
+/// Runs `f` and makes the device that was current on the calling thread
+/// current again: the library makes its own device current for its calls,
+/// and the caller (torch) expects its own afterwards.
+pub(crate) fn keeping_device<R>(f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+    let before = Device::current().ok();
+    let out = f();
+    if let Some(d) = before
+        && Device::current().ok() != Some(d)
+    {
+        d.make_current().map_err(err)?;
+    }
+    out
+}

@@ -73,6 +73,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runtime::runtime_path, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::_use_emulator, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::_mem_info, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::_current_device, m)?)?;
     m.add_function(wrap_pyfunction!(read_file::read_file, m)?)?;
     m.add_function(wrap_pyfunction!(read_file::read_file_many, m)?)?;
     m.add_function(wrap_pyfunction!(streamers::_prepare, m)?)?;

@@ -1,18 +1,21 @@
 //! `_Loader`: the Rust shuffled-batch loader (`wirespeed_pinned::Loader`)
 //! behind `wirespeed.Loader`. The Python layer allocates each batch's tensors
-//! (from torch's caching allocator, on the consumer's stream) and passes
-//! their pointers; the gather is ordered after the consumer's work so far
-//! and before its later work, with no host wait.
+//! from torch's caching allocator *on the loader's stream* (so the allocator
+//! orders their reuse after the gather) and passes their pointers; `gather`
+//! enqueues the batch on the loader's stream and records one of the loader's
+//! events after it, never waiting for the consumer's work; `ready` makes the
+//! consumer's stream wait for that event when the batch is handed out. Every
+//! call leaves the thread's current CUDA device as it found it.
 
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use wirespeed_cuda::locks::lock;
-use wirespeed_cuda::{Device, DeviceSliceMut};
-use wirespeed_pinned::{Loader, LoaderConfig, LoaderState, MappedFile, PinBudget, Records, Way};
+use wirespeed_cuda::{Device, DeviceSliceMut, Event, EventOptions};
+use wirespeed_pinned::{Checkpoint, Loader, LoaderConfig, LoaderState, MappedFile, PinBudget, Records, Way};
 
 use crate::error::err;
-use crate::handles::consumer;
+use crate::handles::{consumer, keeping_device};
 
 /// One array: `(path, header bytes, record bytes, records or None for as many as the file holds)`.
 type ArraySpec = (String, u64, u64, Option<u64>);
@@ -23,6 +26,34 @@ pub(crate) struct PyLoader {
     inner: Mutex<Option<Loader>>,
     device: Device,
     record_bytes: Vec<u64>,
+    /// Recorded on the loader's stream after a batch's gather (`gather`),
+    /// waited for by the consumer's stream (`ready`): one per batch gathered
+    /// ahead and two spare, used in turn (a wait already enqueued keeps the
+    /// record it was made after).
+    marks: Vec<Event>,
+    turn: Mutex<usize>,
+}
+
+/// The destinations of a batch of `records` records at `ptrs`.
+///
+/// # Safety
+/// Each pointer is device memory of `device`, at least `records * rec` bytes
+/// (`rec` of its array), live and unused by any other work until the batch's
+/// gather is complete.
+unsafe fn destinations(
+    ptrs: &[usize],
+    record_bytes: &[u64],
+    records: u64,
+    device: Device,
+) -> PyResult<Vec<DeviceSliceMut<'static, u8>>> {
+    let mut dsts = Vec::with_capacity(ptrs.len());
+    for (&p, &rec) in ptrs.iter().zip(record_bytes) {
+        // SAFETY: the caller's contract above.
+        let d =
+            unsafe { DeviceSliceMut::from_raw_parts(p as *mut u8, (records * rec) as usize, device) }.map_err(err)?;
+        dsts.push(d);
+    }
+    Ok(dsts)
 }
 
 fn way_of(name: &str) -> PyResult<Way> {
@@ -59,7 +90,7 @@ fn closed() -> PyErr {
 #[pymethods]
 impl PyLoader {
     #[new]
-    #[pyo3(signature = (arrays, batch_size, shuffle, way, seed, drop_last, rank, world, device, pin_budget, device_budget, block_bytes))]
+    #[pyo3(signature = (arrays, batch_size, shuffle, way, seed, drop_last, rank, world, device, pin_budget, device_budget, block_bytes, pool_slots = None, depth = 2))]
     #[allow(clippy::too_many_arguments)] // one Rust parameter per Python one
     fn new(
         py: Python<'_>,
@@ -75,6 +106,8 @@ impl PyLoader {
         pin_budget: u64,
         device_budget: Option<u64>,
         block_bytes: u64,
+        pool_slots: Option<u64>,
+        depth: usize,
     ) -> PyResult<Self> {
         let way = way_of(way)?;
         let dev = Device::get(device).map_err(err)?;
@@ -88,9 +121,80 @@ impl PyLoader {
             .pin_budget(PinBudget::new(pin_budget))
             .block_bytes(block_bytes);
         config.device_budget = device_budget;
+        config.pool_slots = pool_slots;
         let record_bytes = records.iter().map(Records::record_bytes).collect();
-        let loader = py.detach(|| Loader::new(&dev, &records, config)).map_err(err)?;
-        Ok(PyLoader { inner: Mutex::new(Some(loader)), device: dev, record_bytes })
+        let (loader, marks) = py.detach(|| {
+            keeping_device(|| {
+                let loader = Loader::new(&dev, &records, config).map_err(err)?;
+                let opts = EventOptions { timing: false, ..EventOptions::default() };
+                let marks = (0..depth.saturating_add(2).min(64))
+                    .map(|_| Event::new(&dev, opts))
+                    .collect::<wirespeed_cuda::Result<Vec<_>>>()
+                    .map_err(err)?;
+                Ok((loader, marks))
+            })
+        })?;
+        Ok(PyLoader { inner: Mutex::new(Some(loader)), device: dev, record_bytes, marks, turn: Mutex::new(0) })
+    }
+
+    /// The handle of the loader's stream (for `torch.cuda.ExternalStream`).
+    fn stream(&self) -> PyResult<usize> {
+        let g = lock(&self.inner);
+        Ok(g.as_ref().ok_or_else(closed)?.stream().as_raw() as usize)
+    }
+
+    /// `(records per block, blocks per half)` of the pool, or None for a full shuffle.
+    fn pool_shape(&self) -> PyResult<Option<(u64, u64)>> {
+        let g = lock(&self.inner);
+        Ok(g.as_ref().ok_or_else(closed)?.checkpoint().pool)
+    }
+
+    /// `(epoch, batch, records, batch_size, shuffle, seed, drop_last, world, pool)`: where the
+    /// loader is and what its order depends on.
+    #[allow(clippy::type_complexity)] // the tuple Python unpacks
+    fn checkpoint(&self) -> PyResult<(u64, u64, u64, u64, bool, u64, bool, u64, Option<(u64, u64)>)> {
+        let g = lock(&self.inner);
+        let c = g.as_ref().ok_or_else(closed)?.checkpoint();
+        Ok((c.state.epoch, c.state.batch, c.records, c.batch_size, c.shuffle, c.seed, c.drop_last, c.world, c.pool))
+    }
+
+    /// Resumes from a checkpoint of these fields (None: this loader's own,
+    /// for a state saved before the field existed); refuses one of another
+    /// order, naming what differs.
+    #[pyo3(signature = (epoch, batch, records = None, batch_size = None, shuffle = None, seed = None, drop_last = None, world = None, pool = None, pool_known = false))]
+    #[allow(clippy::too_many_arguments)] // one per field of the checkpoint
+    fn resume(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        batch: u64,
+        records: Option<u64>,
+        batch_size: Option<u64>,
+        shuffle: Option<bool>,
+        seed: Option<u64>,
+        drop_last: Option<bool>,
+        world: Option<u64>,
+        pool: Option<(u64, u64)>,
+        pool_known: bool,
+    ) -> PyResult<()> {
+        py.detach(|| {
+            keeping_device(|| {
+                let mut g = lock(&self.inner);
+                let loader = g.as_mut().ok_or_else(closed)?;
+                let mut c: Checkpoint = loader.checkpoint();
+                c.state = LoaderState { epoch, batch };
+                c.records = records.unwrap_or(c.records);
+                c.batch_size = batch_size.unwrap_or(c.batch_size);
+                c.shuffle = shuffle.unwrap_or(c.shuffle);
+                c.seed = seed.unwrap_or(c.seed);
+                c.drop_last = drop_last.unwrap_or(c.drop_last);
+                c.world = world.unwrap_or(c.world);
+                if pool_known {
+                    c.pool = pool;
+                }
+                loader.resume(&c).map_err(err)
+            })
+        })
     }
 
     /// Batches of one epoch.
@@ -115,8 +219,10 @@ impl PyLoader {
     /// Resumes at `(epoch, batch)`.
     fn load_state(&self, py: Python<'_>, epoch: u64, batch: u64) -> PyResult<()> {
         py.detach(|| {
-            let mut g = lock(&self.inner);
-            g.as_mut().ok_or_else(closed)?.load_state(LoaderState { epoch, batch }).map_err(err)
+            keeping_device(|| {
+                let mut g = lock(&self.inner);
+                g.as_mut().ok_or_else(closed)?.load_state(LoaderState { epoch, batch }).map_err(err)
+            })
         })
     }
 
@@ -135,47 +241,78 @@ impl PyLoader {
         Ok(g.as_mut().ok_or_else(closed)?.batch_records(b))
     }
 
-    /// Gathers the next batch into the memory at `ptrs` (one per array,
-    /// `records * record bytes` each, on the loader's device), ordered after
-    /// the work on the consumer's `stream` so far and before its later work;
-    /// without a stream it waits for the gather. Returns `(epoch, index,
-    /// records)`, or None at the end of the epoch.
-    #[pyo3(signature = (ptrs, records, stream = None))]
-    fn next_into(
-        &self,
-        py: Python<'_>,
-        ptrs: Vec<usize>,
-        records: u64,
-        stream: Option<usize>,
-    ) -> PyResult<Option<(u64, u64, u64)>> {
-        if ptrs.len() != self.record_bytes.len() {
-            return Err(err(format!("{} destinations for {} arrays", ptrs.len(), self.record_bytes.len())));
-        }
+    /// Enqueues the next batch's gather into the memory at `ptrs` (one per
+    /// array, `records * record bytes` each, on the loader's device) on the
+    /// loader's stream, and records one of the loader's events after it;
+    /// returns `(epoch, index, records, mark)` (the event's index, for
+    /// `ready`), or None at the end of the epoch. It waits for nothing the
+    /// consumer enqueued: only, where the way needs it, for the loader's own
+    /// work (the pool's blocks landing, the ring's threads). On an error it
+    /// waits for the loader's stream before raising, so that nothing writes
+    /// the memory once the call has returned.
+    fn gather(&self, py: Python<'_>, ptrs: Vec<usize>, records: u64) -> PyResult<Option<(u64, u64, u64, usize)>> {
+        self.check_destinations(&ptrs)?;
         py.detach(|| {
-            let mut g = lock(&self.inner);
-            let loader = g.as_mut().ok_or_else(closed)?;
-            let consumer = stream.map(|h| consumer(h, self.device)).transpose()?;
-            if let Some(c) = &consumer {
-                loader.after(c).map_err(err)?;
-            }
-            let mut dsts = Vec::with_capacity(ptrs.len());
-            for (&p, &rec) in ptrs.iter().zip(&self.record_bytes) {
+            keeping_device(|| {
+                let mut g = lock(&self.inner);
+                let loader = g.as_mut().ok_or_else(closed)?;
                 // SAFETY: the Python layer passes memory it allocated for this
-                // batch on the loader's device, `records * rec` bytes, kept
-                // alive by the tensor it returns; its allocation is ordered
-                // before the gather (`after` the consumer's stream), and the
-                // consumer's later work after it (`ready_on`, below); without
-                // a consumer stream the gather is waited for before returning.
-                let d = unsafe { DeviceSliceMut::from_raw_parts(p as *mut u8, (records * rec) as usize, self.device) }
-                    .map_err(err)?;
-                dsts.push(d);
-            }
-            let got = loader.next_into(&mut dsts).map_err(err)?;
-            match &consumer {
-                Some(c) => loader.ready_on(c).map_err(err)?,
-                None => loader.stream().synchronize().map_err(err)?,
-            }
-            Ok(got.map(|b| (b.epoch, b.index, b.records)))
+                // batch from torch's caching allocator on the loader's stream
+                // (so any earlier use of it is ordered before the gather, and
+                // any later one after it), `records * rec` bytes on the
+                // loader's device, kept alive by the tensors it holds; on an
+                // error the stream is waited for before returning.
+                let mut dsts = unsafe { destinations(&ptrs, &self.record_bytes, records, self.device) }?;
+                let got = match loader.next_into(&mut dsts) {
+                    Ok(got) => got,
+                    Err(e) => {
+                        let _ = loader.stream().synchronize();
+                        return Err(err(e));
+                    }
+                };
+                let Some(b) = got else { return Ok(None) };
+                let mut turn = lock(&self.turn);
+                let mark = *turn;
+                *turn = (mark + 1) % self.marks.len();
+                loader.stream().record(&self.marks[mark]).map_err(err)?;
+                Ok(Some((b.epoch, b.index, b.records, mark)))
+            })
+        })
+    }
+
+    /// Makes work enqueued on the consumer's `stream` from now on wait, on
+    /// the device, for the batch whose gather recorded event `mark`.
+    fn ready(&self, py: Python<'_>, mark: usize, stream: usize) -> PyResult<()> {
+        let ev = self.marks.get(mark).ok_or_else(|| err(format!("no mark {mark}")))?;
+        py.detach(|| {
+            keeping_device(|| {
+                let c = consumer(stream, self.device)?;
+                c.wait_event(ev).map_err(err)
+            })
+        })
+    }
+
+    /// Gathers the next batch into the memory at `ptrs` (as `gather`) and
+    /// waits for it (for memory that no stream orders: the package's own
+    /// device arrays, without torch). Returns `(epoch, index, records)`, or
+    /// None at the end of the epoch.
+    fn next_into(&self, py: Python<'_>, ptrs: Vec<usize>, records: u64) -> PyResult<Option<(u64, u64, u64)>> {
+        self.check_destinations(&ptrs)?;
+        py.detach(|| {
+            keeping_device(|| {
+                let mut g = lock(&self.inner);
+                let loader = g.as_mut().ok_or_else(closed)?;
+                // SAFETY: the Python layer passes memory it allocated for
+                // this batch (device arrays, freed only once unused), `records
+                // * rec` bytes on the loader's device; the gather is waited
+                // for before returning, on success and on error.
+                let mut dsts = unsafe { destinations(&ptrs, &self.record_bytes, records, self.device) }?;
+                let got = loader.next_into(&mut dsts);
+                let synced = loader.stream().synchronize();
+                let got = got.map_err(err)?;
+                synced.map_err(err)?;
+                Ok(got.map(|b| (b.epoch, b.index, b.records)))
+            })
         })
     }
 
@@ -183,11 +320,52 @@ impl PyLoader {
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let l = lock(&self.inner).take();
         py.detach(|| {
-            if let Some(l) = l {
-                l.stream().synchronize().map_err(err)?;
-                drop(l);
-            }
-            Ok(())
+            keeping_device(|| {
+                if let Some(l) = l {
+                    l.stream().synchronize().map_err(err)?;
+                    drop(l);
+                }
+                Ok(())
+            })
         })
     }
+}
+
+impl Drop for PyLoader {
+    /// Frees the events and a loader never closed keeping the thread's current device.
+    fn drop(&mut self) {
+        let marks = std::mem::take(&mut self.marks);
+        let inner = lock(&self.inner).take();
+        let _ = keeping_device(|| {
+            drop(inner);
+            drop(marks);
+            Ok(())
+        });
+    }
+}
+
+impl PyLoader {
+    fn check_destinations(&self, ptrs: &[usize]) -> PyResult<()> {
+        if ptrs.len() != self.record_bytes.len() {
+            return Err(err(format!("{} destinations for {} arrays", ptrs.len(), self.record_bytes.len())));
+        }
+        Ok(())
+    }
+}
+
+/// `(free, total)` bytes of device `device`'s memory (the current device is kept).
+#[pyfunction]
+pub(crate) fn _mem_info(py: Python<'_>, device: usize) -> PyResult<(u64, u64)> {
+    py.detach(|| {
+        keeping_device(|| {
+            let (free, total) = Device::get(device).map_err(err)?.mem_info().map_err(err)?;
+            Ok((free as u64, total as u64))
+        })
+    })
+}
+
+/// The device current on the calling thread (the runtime's, as torch sees it).
+#[pyfunction]
+pub(crate) fn _current_device() -> PyResult<usize> {
+    Ok(Device::current().map_err(err)?.ordinal())
 }

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._native import Error
@@ -88,41 +89,86 @@ def _is_raw_spec(x: Any) -> bool:
     )
 
 
-def _distributed() -> Tuple[int, int]:
+def _dist() -> Any:
+    """``torch.distributed`` where torch is imported and it is initialized, else None."""
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
     if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+        return dist
+    return None
+
+
+def _ranks(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """The rank and world size: as given, else ``torch.distributed``'s. A
+    process that torchrun (or another launcher) started as one of several
+    ranks, with no process group yet, is refused rather than taken for rank 0
+    of 1 (every rank would read the whole dataset in the same order)."""
+    dist = _dist()
+    if dist is not None:
+        drank, dworld = dist.get_rank(), dist.get_world_size()
+    else:
+        drank, dworld = 0, 1
+        env_world = os.environ.get("WORLD_SIZE")
+        if (rank is None or world_size is None) and env_world not in (None, "", "1", "0"):
+            raise Error(
+                f"WORLD_SIZE={env_world} and RANK={os.environ.get('RANK')} are set (a torchrun launch?) but "
+                "torch.distributed is not initialized: call torch.distributed.init_process_group() before building "
+                "the Loader, or pass rank= and world_size= (rank=0, world_size=1 to read the whole dataset in "
+                "every process)"
+            )
+    rank = drank if rank is None else int(rank)
+    world_size = dworld if world_size is None else int(world_size)
+    if world_size <= 0 or not 0 <= rank < world_size:
+        raise Error(f"rank {rank} of a world of {world_size}: the rank must be in 0..{world_size - 1}")
+    return rank, world_size
+
+
+def _agreed_device_budget(device: int, world_size: int) -> int:
+    """Half of the device's free memory, the least over every rank (through
+    ``torch.distributed``): the way and the pool's shape follow from it, so
+    every rank must resolve them from the same number."""
+    free, _ = _native._mem_info(device)
+    mine = free // 2
+    dist = _dist()
+    if dist is None or dist.get_world_size() != world_size:
+        raise Error(
+            f"a world of {world_size} ranks without torch.distributed initialized: the default device budget (half "
+            "of this GPU's free memory) would differ between ranks, and with it the order; pass device_budget= "
+            "(the same on every rank), or shuffle='full', or shuffle='pool' with pool_slots="
+        )
+    every = [None] * world_size
+    dist.all_gather_object(every, mine)
+    return int(min(every))
 
 
 def _device_index(device: Any) -> int:
+    """The CUDA device's index; ``None``, ``"cuda"`` and ``torch.device("cuda")``
+    mean torch's current device (the runtime's where torch has no CUDA), as
+    ``torch.empty(..., device="cuda")`` means."""
     torch = sys.modules.get("torch")
+
+    def current() -> int:
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.current_device()
+        return _native._current_device()
+
     if device is None:
-        return torch.cuda.current_device() if torch is not None and torch.cuda.is_available() else 0
+        return current()
+    if isinstance(device, bool):
+        raise Error(f"device {device!r} is not a CUDA device")
     if isinstance(device, int):
         return device
     if torch is not None and isinstance(device, torch.device):
         if device.type != "cuda":
             raise Error(f"device {device} is not a CUDA device")
-        return device.index if device.index is not None else torch.cuda.current_device()
+        return device.index if device.index is not None else current()
     if isinstance(device, str):
-        if not device.startswith("cuda"):
-            raise Error(f"device {device!r} is not a CUDA device")
-        return int(device.split(":")[1]) if ":" in device else 0
+        if device == "cuda":
+            return current()
+        if device.startswith("cuda:") and device[5:].isdigit():
+            return int(device[5:])
+        raise Error(f"device {device!r} is not a CUDA device")
     raise Error(f"device {device!r} is not a CUDA device")
-
-
-def _raw_stream_getter(torch: Any) -> Any:
-    """A function from a device index to the handle of torch's current stream
-    on it: torch's own raw lookup where it has one (one C call), else the
-    public ``torch.cuda.current_stream``."""
-    if torch is None:
-        return lambda index: None
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return lambda index: int(raw(index))
-    return lambda index: int(torch.cuda.current_stream(index).cuda_stream)
 
 
 class Loader:
@@ -136,9 +182,23 @@ class Loader:
     finds the epoch finished starts the next one (epoch 0, 1, ..., each in an
     order of its own), unless :meth:`set_epoch` named one; :meth:`state_dict` and
     :meth:`load_state_dict` resume mid-epoch with exactly the remaining
-    batches. Every record is handed out once per epoch over all ranks.
-    ``rank`` and ``world_size`` default to ``torch.distributed``'s when it is
-    initialized, so the ranks' batches are disjoint and cover the epoch.
+    batches. ``rank`` and ``world_size`` default to ``torch.distributed``'s when
+    it is initialized (and a process that torchrun started, before
+    ``init_process_group``, is refused rather than taken for rank 0 of 1).
+
+    Each epoch's records, shuffled, are padded (the first ones repeated) to a
+    multiple of the world size, or cut (``drop_last``); each rank takes a
+    contiguous part of that order (``DistributedSampler`` strides it instead:
+    the shares differ, and are as disjoint). So every record is handed out
+    once per epoch over all ranks, apart from that padding, or, with
+    ``drop_last``, the few records cut (other ones each epoch) and a short
+    last batch.
+
+    The order depends only on the arguments. Where the defaults would make it
+    follow the GPU's free memory (``shuffle=True`` chooses between a full
+    shuffle and the pool's order, and the pool's shape, from
+    ``device_budget``, by default half the free memory), the ranks agree on
+    the least budget of any of them through ``torch.distributed``.
 
     ``shuffle``: ``True`` (the default: a full shuffle when the arrays fit
     device memory or the pin budget, else the pool's quasi-random order),
@@ -146,14 +206,25 @@ class Loader:
     device memory, the arrays registered in place, or CPU threads gathering
     through pinned memory) or ``"pool"`` (blocks of the files streamed in a
     random order through a pool in device memory, each batch drawn from the
-    blocks resident: for files larger than device memory).
+    blocks resident: for files larger than device memory). ``pool_slots``:
+    blocks in each half of the pool, so each batch draws from about that many
+    blocks (default: as many as ``device_budget`` holds).
 
-    Each batch is a fresh tensor from torch's allocator, gathered on the
-    loader's stream and ready on your current stream when it is yielded (no
-    host synchronization); it stays valid for as long as you keep it. With
+    ``device``: an index, ``"cuda:N"``, a ``torch.device``; ``None`` or
+    ``"cuda"`` is torch's current device.
+
+    Each batch is a fresh tensor from torch's allocator, allocated on the
+    loader's stream and gathered there ``prefetch`` batches ahead of the one
+    you take (default 2), without ever waiting for the work you queued: when
+    a batch is yielded, your current stream is made to wait for its gather on
+    the device (no host synchronization), and the tensor is marked as used by
+    your stream (``record_stream``), so it stays valid for as long as you keep
+    it. The host waits only where the loader itself is behind (the pool's
+    next blocks still streaming, the ring's threads still gathering). With
     several arrays each batch is a tuple, in the arrays' order, of the same
     records. The work runs in Rust with the GIL released: a step costs one
-    call, whatever the batch size.
+    call, whatever the batch size. Every call leaves the current CUDA device
+    as it found it.
 
     >>> loader = wirespeed.Loader((features, labels), batch_size=4096, seed=0)  # doctest: +SKIP
     >>> for epoch in range(10):                                                # doctest: +SKIP
@@ -174,10 +245,13 @@ class Loader:
         budget: int = DEFAULT_LOADER_BUDGET,
         device_budget: Optional[int] = None,
         block_bytes: int = DEFAULT_BLOCK,
+        pool_slots: Optional[int] = None,
+        prefetch: int = 2,
     ) -> None:
         from . import _ensure_runtime
 
         self._native = None
+        self._ahead: Deque[Any] = deque()
         _ensure_runtime()
         single = not isinstance(arrays, (list, tuple)) or _is_raw_spec(arrays)
         specs = [arrays] if single else list(arrays)
@@ -195,22 +269,29 @@ class Loader:
             do_shuffle, way = True, shuffle
         else:
             raise Error(f"shuffle must be True, False, 'full' or 'pool', not {shuffle!r}")
-        drank, dworld = _distributed()
-        rank = drank if rank is None else int(rank)
-        world_size = dworld if world_size is None else int(world_size)
-        if world_size <= 0 or not 0 <= rank < world_size:
-            raise Error(f"rank {rank} of a world of {world_size}: the rank must be in 0..{world_size - 1}")
+        if int(prefetch) < 0:
+            raise Error(f"prefetch must be 0 or more batches, not {prefetch}")
+        if pool_slots is not None and int(pool_slots) <= 0:
+            raise Error(f"pool_slots must be 1 or more blocks, not {pool_slots}")
+        rank, world_size = _ranks(rank, world_size)
         self._device = _device_index(device)
+        if world_size > 1 and device_budget is None and (way == "auto" or (way == "pool" and pool_slots is None)):
+            device_budget = _agreed_device_budget(self._device, world_size)
         self._seed, self._batch_size, self._rank, self._world = int(seed), int(batch_size), rank, world_size
+        self._depth = int(prefetch)
         self._native = _native._Loader(
             [a.native() for a in self._arrays], self._batch_size, do_shuffle, way, self._seed, bool(drop_last),
             rank, world_size, self._device, int(budget), device_budget, int(block_bytes),
+            None if pool_slots is None else int(pool_slots), self._depth,
         )
         torch = sys.modules.get("torch")
         self._torch = torch if torch is not None and torch.cuda.is_available() else None
         self._tdtypes = [self._torch_dtype(a.dtype) for a in self._arrays] if self._torch is not None else None
-        self._tdevice = self._torch.device("cuda", self._device) if self._torch is not None else None
-        self._raw_stream = _raw_stream_getter(self._torch)
+        if self._torch is not None:
+            self._tdevice = self._torch.device("cuda", self._device)
+            self._stream = self._torch.cuda.ExternalStream(self._native.stream(), device=self._tdevice)
+            self._stream_ctx = self._torch.cuda.stream
+            self._current = self._torch.cuda.current_stream
 
     def _torch_dtype(self, dtype: Any) -> Any:
         np = _numpy()
@@ -224,27 +305,55 @@ class Loader:
         ``"registered"`` (host memory pinned in place), ``"pool"`` or ``"ring"``."""
         return self._live().way()
 
+    @property
+    def blocks_per_batch(self) -> Optional[int]:
+        """With the pool: the blocks each half of the pool holds, which each
+        batch draws its records from (``pool_slots``); ``None`` for a full
+        shuffle."""
+        shape = self._live().pool_shape()
+        return None if shape is None else shape[1]
+
     def __len__(self) -> int:
         return len(self._live())
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass epoch ``epoch`` (as ``DistributedSampler.set_epoch``)."""
-        self._live().load_state(int(epoch), 0)
+        native = self._live()
+        self._ahead.clear()
+        native.load_state(int(epoch), 0)
 
-    def state_dict(self) -> Dict[str, int]:
-        """Where the loader is: give it to :meth:`load_state_dict` (of a loader
-        of the same arrays, batch size, seed and ranks) to go on from here."""
-        epoch, batch = self._live().state()
-        return {"epoch": epoch, "batch": batch, "seed": self._seed, "batch_size": self._batch_size,
-                "rank": self._rank, "world_size": self._world}
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader is, and everything its order depends on: give it
+        to :meth:`load_state_dict` to go on from here. Any rank's state
+        resumes every rank (they are at the same batch)."""
+        epoch, _, records, batch_size, shuffle, seed, drop_last, world, pool = self._live().checkpoint()
+        _, batch = self._position()
+        return {"epoch": epoch, "batch": batch, "seed": seed, "batch_size": batch_size, "rank": self._rank,
+                "world_size": world, "records": records, "shuffle": shuffle, "drop_last": drop_last,
+                "order": "full" if pool is None else "pool",
+                "block_records": None if pool is None else pool[0],
+                "pool_slots": None if pool is None else pool[1]}
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes where :meth:`state_dict` was taken: the next pass hands out
-        exactly the batches the interrupted one had not."""
-        for k in ("seed", "batch_size", "world_size"):
-            if k in state and state[k] != getattr(self, "_" + {"world_size": "world"}.get(k, k)):
-                raise Error(f"the state was saved with {k}={state[k]}, this loader has a different one")
-        self._live().load_state(int(state["epoch"]), int(state["batch"]))
+        exactly the batches the interrupted one had not. A state saved under
+        another order (another seed, batch size, world size, ``drop_last``,
+        ``shuffle``, or the pool's order or shape against a full shuffle) is
+        refused, and the error names what differs."""
+        native = self._live()
+        pool_known = "order" in state
+        pool = None
+        if state.get("order") == "pool":
+            pool = (int(state["block_records"]), int(state["pool_slots"]))
+
+        def opt(key: str, kind: Any) -> Any:
+            return kind(state[key]) if state.get(key) is not None else None
+
+        self._ahead.clear()
+        native.resume(int(state["epoch"]), int(state["batch"]), records=opt("records", int),
+                      batch_size=opt("batch_size", int), shuffle=opt("shuffle", bool), seed=opt("seed", int),
+                      drop_last=opt("drop_last", bool), world=opt("world_size", int), pool=pool,
+                      pool_known=pool_known)
 
     def batch_indices(self, batch: int) -> list:
         """The records (indices into the arrays) of batch ``batch`` of the current epoch."""
@@ -253,6 +362,7 @@ class Loader:
     def close(self) -> None:
         """Waits for the work in flight and frees what the loader holds
         (device memory, pins). Using it afterwards raises :class:`Error`."""
+        self._ahead.clear()
         if self._native is not None:
             n, self._native = self._native, None
             n.close()
@@ -271,9 +381,9 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         native = self._live()
-        epoch, batch = native.state()
+        epoch, batch = self._position()
         if batch >= len(native) > 0:
-            native.load_state(epoch + 1, 0)  # the last pass ended: the next epoch
+            self.set_epoch(epoch + 1)  # the last pass ended: the next epoch
         while True:
             out = self._next(native)
             if out is None:
@@ -287,22 +397,51 @@ class Loader:
             raise Error("the loader is closed")
         return self._native
 
+    def _position(self) -> Tuple[int, int]:
+        """The epoch and the next batch to hand out (the native loader is
+        ahead by the batches gathered and not yet handed out)."""
+        epoch, batch = self._live().state()
+        return epoch, batch - len(self._ahead)
+
     def _next(self, native: Any) -> Any:
+        if self._torch is None:
+            return self._next_waiting(native)
+        ahead = self._ahead
+        while len(ahead) <= self._depth:
+            item = self._gather(native)
+            if item is None:
+                break
+            ahead.append(item)
+        if not ahead:
+            return None
+        outs, mark = ahead.popleft()
+        consumer = self._current(self._tdevice)
+        native.ready(mark, consumer.cuda_stream)
+        for t in outs:
+            t.record_stream(consumer)
+        return outs[0] if self._single else tuple(outs)
+
+    def _gather(self, native: Any) -> Any:
+        """The next batch's tensors, allocated on the loader's stream, and its
+        gather enqueued there; None at the end of the epoch."""
         n = native.next_size()
         if n is None:
             return None
-        outs, ptrs, stream = [], [], None
-        if self._torch is not None:
-            empty, dev = self._torch.empty, self._tdevice
-            for a, dt in zip(self._arrays, self._tdtypes):
-                t = empty((n,) + a.shape, dtype=dt, device=dev)
-                outs.append(t)
-                ptrs.append(t.data_ptr())
-            stream = self._raw_stream(self._device)
-        else:
-            for a in self._arrays:
-                arr = _native._DeviceArray(n * a.record_bytes, self._device, a.dtype.str, [n] + list(a.shape))
-                outs.append(arr)
-                ptrs.append(arr.ptr)
-        native.next_into(ptrs, n, stream)
+        empty, dev = self._torch.empty, self._tdevice
+        with self._stream_ctx(self._stream):
+            outs = [empty((n,) + a.shape, dtype=dt, device=dev) for a, dt in zip(self._arrays, self._tdtypes)]
+        got = native.gather([t.data_ptr() for t in outs], n)
+        if got is None:
+            return None
+        return outs, got[3]
+
+    def _next_waiting(self, native: Any) -> Any:
+        """Without torch: the package's own device arrays, each batch waited for."""
+        n = native.next_size()
+        if n is None:
+            return None
+        outs = [_native._DeviceArray(n * a.record_bytes, self._device, a.dtype.str, [n] + list(a.shape))
+                for a in self._arrays]
+        if native.next_into([arr.ptr for arr in outs], n) is None:
+            return None
         return outs[0] if self._single else tuple(outs)
