@@ -20,7 +20,9 @@ alone, (b) the work alone for as many batches, (c) both: `next(it)` timed on
 the host (time.perf_counter around the call only), then the work consuming the
 batch enqueued (one small op reading it, and the matmuls). The host does not
 synchronize per batch: it runs ahead of the GPU until --busy-ahead batches of
-work are queued, then waits for the oldest (outside the timed call). The GPU
+work are queued (default: 250 ms of work, and one more), then waits for the
+oldest (outside the timed call); p99 and max are of the batches from the one
+where the host was first that far ahead (of all, if it never was). The GPU
 work queued at each next() is estimated from CUDA events (batches whose work
 has not ended, times the work per batch). One JSON line per way:
 python-loader-busy-<way>, with the goals' PASS/MISS: next() p99 <= 0.5 ms and
@@ -35,6 +37,7 @@ so on one line and exits 0 (so does --emulated, after the imports).
 
 import argparse
 import json
+import math
 import os
 import resource
 import sys
@@ -231,7 +234,7 @@ def busy(torch, loader, work, work_ms, a):
         "next_ms_max_all": max(nexts), "queued_ms": q50, "queued_ms_min": min(qd),
         "wall_s": wall, "loader_alone_s": loader_alone, "work_alone_s": work_alone, "ratio": ratio,
         "next_p99_goal": ok(p99 <= 0.5), "next_max_goal": ok(mx <= 2.0), "queued_200ms": ok(q50 >= 200.0),
-        "ratio_goal": ok(ratio <= 1.05), "prefetch": a.prefetch,
+        "ratio_goal": ok(ratio <= 1.05), "ahead": a.busy_ahead, "prefetch": a.prefetch,
     }
 
 
@@ -250,15 +253,16 @@ def main():
     ap.add_argument("--busy", type=float, default=None, metavar="MS", help="caller work per batch (ms)")
     ap.add_argument("--busy-size", type=int, default=8192, help="side of the square fp16 matmuls of the work")
     ap.add_argument("--busy-batches", type=int, default=None, help="batches per phase (default: an epoch)")
-    ap.add_argument("--busy-ahead", type=int, default=6, help="batches of work the host may queue ahead")
+    ap.add_argument("--busy-ahead", type=int, default=None,
+                    help="batches of work the host may queue ahead (default: 250 ms of work, and one more)")
     ap.add_argument("--emulated", action="store_true", help="check the imports, then skip (an emulated run)")
     a = ap.parse_args()
     ways = [w for w in a.way.split(",") if w]
     for w in ways:
         if w not in WAYS:
             ap.error(f"--way: unknown way {w!r} ({', '.join(WAYS)})")
-    if a.busy_ahead < 1:
-        ap.error("--busy-ahead must be at least 1")
+    if a.busy_ahead is not None and a.busy_ahead < 2:
+        ap.error("--busy-ahead must be at least 2")
     torch, np, wirespeed = imports(a.emulated)
     size = os.path.getsize(a.path) // a.record * a.record
     n = size // a.record
@@ -270,6 +274,8 @@ def main():
         work_ms = work.calibrate(a.busy)
         print(f"python_loader.py: {work.k} matmuls of {a.busy_size}^2 fp16 take {work_ms:.2f} ms "
               f"(asked {a.busy} ms)", file=sys.stderr, flush=True)
+        if a.busy_ahead is None:
+            a.busy_ahead = max(2, math.ceil(250 / work_ms) + 1)
     failed = False
     for way in ways:
         loader = None
