@@ -17,11 +17,15 @@ import sys
 import time
 
 try:
-    import numpy as np
     import torch
     from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 except Exception as e:  # ImportError, or a broken install
-    print(f"torch_shuffle.py: skipped: `import torch` or numpy failed ({e.__class__.__name__}: {e})", flush=True)
+    print(f"torch_shuffle.py: skipped: `import torch` failed ({e.__class__.__name__}: {e})", flush=True)
+    sys.exit(0)
+try:
+    import numpy as np
+except Exception as e:
+    print(f"torch_shuffle.py: skipped: `import numpy` failed ({e.__class__.__name__}: {e})", flush=True)
     sys.exit(0)
 
 
