@@ -448,10 +448,11 @@ impl Scripts {
         Ok(Scripts { dir })
     }
 
-    /// `python3 SCRIPT` (or `$PYTHON`), run from the scripts' folder, its stderr ours.
+    /// `python3 SCRIPT` (or `$PYTHON`), the script in its temporary folder, its
+    /// stderr ours; in our working folder, where a relative path to the file holds.
     fn command(&self, name: &str, a: &Args) -> std::process::Command {
         let mut cmd = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
-        cmd.arg(self.dir.path().join(name)).current_dir(self.dir.path());
+        cmd.arg(self.dir.path().join(name));
         cmd.stdin(std::process::Stdio::null()).stderr(std::process::Stdio::inherit());
         if a.emulated {
             cmd.arg("--emulated");
@@ -627,10 +628,10 @@ fn print_table(rows: &[Row], torch: &[serde_json::Value], line: f64) {
 mod tests {
     use super::*;
 
-    /// The built-in scripts are written whole, and run from their folder:
+    /// The built-in scripts are written whole, and run from there:
     /// each says why it skips (here: no torch, or an emulated run) and exits 0.
     #[test]
-    fn scripts_run_from_their_folder_or_skip() {
+    fn scripts_run_from_a_temporary_folder_or_skip() {
         let scripts = Scripts::write().unwrap();
         for (name, source) in [("python_loader.py", PYTHON_LOADER), ("torch_shuffle.py", TORCH_SHUFFLE)] {
             assert_eq!(std::fs::read_to_string(scripts.dir.path().join(name)).unwrap(), source);
