@@ -5,16 +5,28 @@
 Rows: one record per __getitem__ with 8 and 16 workers and pin_memory=True,
 each batch moved with .cuda(non_blocking=True); and a batch sampler whose
 __getitems__ reads a batch's records with one sorted fancy index (0 workers).
-Each row runs for about --seconds (after one warm-up batch)."""
+Each row runs for about --seconds (after one warm-up batch).
+
+Where `import torch` or numpy fails, or torch sees no GPU, it says so on one
+line and exits 0 (so does --emulated, after the imports)."""
 
 import argparse
 import json
 import resource
+import sys
 import time
 
-import numpy as np
-import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+try:
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+except Exception as e:  # ImportError, or a broken install
+    print(f"torch_shuffle.py: skipped: `import torch` failed ({e.__class__.__name__}: {e})", flush=True)
+    sys.exit(0)
+try:
+    import numpy as np
+except Exception as e:
+    print(f"torch_shuffle.py: skipped: `import numpy` failed ({e.__class__.__name__}: {e})", flush=True)
+    sys.exit(0)
 
 
 class Records(Dataset):
@@ -33,7 +45,6 @@ class Records(Dataset):
 
     def __getitem__(self, i):
         return torch.from_numpy(np.array(self._map()[i]))
-
 
 
 class Batched(Records):
@@ -78,7 +89,14 @@ def main():
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--line", type=float, default=0.0)
+    ap.add_argument("--emulated", action="store_true", help="check the imports, then skip (an emulated run)")
     a = ap.parse_args()
+    if a.emulated:
+        print("torch_shuffle.py: skipped: an emulated run (the DataLoader rows need a GPU)", flush=True)
+        return
+    if not torch.cuda.is_available():
+        print(f"torch_shuffle.py: skipped: torch {torch.__version__} sees no CUDA GPU", flush=True)
+        return
     ds = Records(a.path, a.record)
     for workers in (8, 16):
         dl = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=workers, pin_memory=True,

@@ -32,6 +32,10 @@
 #   hostrows  Python's read_into from host arrays (rows.py: 32 rows of 80 MiB, 1024 of 2.5 MiB)
 #   cold      a 4 GiB file cold and hot: auto, the disk's O_DIRECT rate and KvikIO in one run
 #             (KvikIO's wheels, where carried in .gpu/kvikio, installed first)
+#   ddp       the caller's queued work and training: wirespeed.Loader from Python with 50 ms of
+#             matmuls per batch queued (next()'s host time, wall against loader and work alone;
+#             every way, 8 GiB file), the training loop's bound (bench/python_train.py: resident,
+#             registered, pool), and the two-rank torchrun test on the real GPU
 #   pyloop    Python's loop of read_into over 64 MiB pieces: reading ahead, not, and registered
 #   readahead 64 MiB pieces one at a time from Rust, without and with reading ahead
 #   first     first use: auto beside a new streamer and mapping per pass (one-shot) and a
@@ -318,6 +322,20 @@ for stage in "${stages[@]}"; do
       >"$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-read-ahead.log" 2>&1
     echo "read-ahead rc=$?"
     grep -E "GB/s|line rate|read ahead" "$out/bench-16g-file-4g-budget-64m-pieces-one-at-a-time-read-ahead.log" | grep -v "rep " | head -40
+    ;;
+  ddp)
+    # BUSY_MS sets the work per batch (default 50: with the host 6 batches ahead, 250 ms queued).
+    python_env || { echo "no wheel"; continue; }
+    timeout 480 .gpu/run.sh shuffle --size 8G --ways resident,registered,pool,ring --no-torch \
+      --busy "${BUSY_MS:-50}" --busy-batches 300 --json "$out/shuffle-8g-busy.json" \
+      >"$out/shuffle-8g-file-python-loader-busy-${BUSY_MS:-50}ms-work.log" 2>&1
+    echo "busy rc=$?"; sed -n '/^| row/,$p' "$out/shuffle-8g-file-python-loader-busy-${BUSY_MS:-50}ms-work.log"
+    timeout 300 python3 bench/python_train.py --records 2000000 --folder /tmp --ways resident,registered,pool \
+      >"$out/python-train-loop-bound-resident-registered-pool.log" 2>&1
+    echo "train bound rc=$?"; grep -E "^train-|steps/s|skipped" "$out/python-train-loop-bound-resident-registered-pool.log"
+    WIRESPEED_DDP_REAL=1 timeout 200 python3 -m pytest -q --noconftest -p no:cacheprovider \
+      python/tests/test_loader_ddp.py >"$out/python-torchrun-ranks-disjoint-ddp.log" 2>&1
+    echo "ddp test rc=$?"; tail -3 "$out/python-torchrun-ranks-disjoint-ddp.log"
     ;;
   *) echo "unknown stage $stage" ;;
   esac

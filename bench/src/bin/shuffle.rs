@@ -6,13 +6,19 @@
 //! cargo run --release -p wirespeed-bench --bin shuffle                   # 32 GiB file, 4 GiB pin budget, 8 GiB pool
 //! cargo run --release -p wirespeed-bench --bin shuffle -- --size 8G --ways pool,resident
 //! cargo run -p wirespeed-bench --features emulator --bin shuffle -- --emulated --quick
+//! cargo run --release -p wirespeed-bench --bin shuffle -- --size 8G --ways resident,pool --no-torch --busy 50
 //! ```
 //!
 //! Each row runs whole epochs (the first one apart where it loads), checks
 //! that every record of an epoch arrived once, and compares sampled batches
 //! with the file. Rates are set against the line rate measured in the same
 //! run; CPU is the whole process's. Where `torch` is importable, PyTorch's
-//! `DataLoader` reads the same file in the same run (`bench/torch_shuffle.py`).
+//! `DataLoader` reads the same file in the same run (`bench/torch_shuffle.py`),
+//! and where `wirespeed` is too, its `Loader` from Python
+//! (`bench/python_loader.py`; with `--busy MS`, beside MS of calibrated GPU
+//! work per batch). Both scripts are built into the binary, written to a
+//! temporary folder and run from there, so the binary runs them from any
+//! folder; on `--emulated` they only check their imports and say they skip.
 
 use clap::Parser;
 use std::path::{Path, PathBuf};
@@ -64,6 +70,17 @@ struct Args {
     /// Skip the Python package's rows (wirespeed.Loader from Python, where it is importable)
     #[arg(long)]
     no_python: bool,
+    /// Also wirespeed.Loader from Python with MS of calibrated GPU work per batch queued
+    /// on torch's stream, for each way of --ways: next()'s host time, and the wall time
+    /// against the loader alone and the work alone (bench/python_loader.py --busy)
+    #[arg(long, value_name = "MS")]
+    busy: Option<f64>,
+    /// Batches of each phase of the --busy rows (default: an epoch)
+    #[arg(long, value_name = "N")]
+    busy_batches: Option<u64>,
+    /// Passed to wirespeed.Loader from Python as prefetch=N (batches gathered ahead); not passed if not given
+    #[arg(long, value_name = "N")]
+    prefetch: Option<u64>,
     /// Seconds each DataLoader row runs
     #[arg(long, default_value_t = 15.0)]
     torch_seconds: f64,
@@ -112,6 +129,7 @@ fn main() -> ExitCode {
         a.batch = a.batch.min(256);
         a.reps = a.reps.min(2);
         a.torch_seconds = a.torch_seconds.min(3.0);
+        a.busy_batches = Some(a.busy_batches.unwrap_or(40).min(40));
     }
     if a.emulated {
         let rebuild = "cargo run -p wirespeed-bench --features emulator --bin shuffle -- --emulated --quick";
@@ -195,15 +213,31 @@ fn run(a: &Args, dev: Device) -> Res<bool> {
             }
         }
     }
-    let mut torch = if a.no_torch || a.emulated { Vec::new() } else { torch_rows(a, &path, line) };
-    if !a.no_python && !a.emulated {
-        for r in &rows {
-            torch.extend(python_row(a, &path, line, r));
+    let (mut torch, mut busy) = (Vec::new(), Vec::new());
+    if !(a.no_torch && a.no_python) {
+        match Scripts::write() {
+            Err(e) => {
+                eprintln!("the Python rows are skipped: could not write their scripts to a temporary folder ({e})")
+            }
+            Ok(scripts) => {
+                if !a.no_torch {
+                    torch = torch_rows(a, &scripts, &path, line);
+                }
+                if !a.no_python {
+                    for r in &rows {
+                        torch.extend(python_row(a, &scripts, &path, line, r));
+                    }
+                    if let Some(ms) = a.busy {
+                        busy = busy_rows(a, &scripts, &path, line, ms);
+                    }
+                }
+            }
         }
     }
     print_table(&rows, &torch, line);
+    print_busy(&busy);
     if let Some(j) = &a.json {
-        let v = serde_json::json!({ "line_rate_gbps": line, "rows": rows, "torch": torch });
+        let v = serde_json::json!({ "line_rate_gbps": line, "rows": rows, "torch": torch, "busy": busy });
         std::fs::write(j, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(err("writing --json"))?;
     }
     Ok(ok && rows.iter().all(|r| r.checked.starts_with("ok")))
@@ -397,18 +431,56 @@ fn mean_gap(seen: &[u64], n: u64) -> f64 {
     sum / seen.len().saturating_sub(1).max(1) as f64 / n as f64
 }
 
+/// The Python scripts, built into the binary so that it runs them from any folder.
+const PYTHON_LOADER: &str = include_str!("../../python_loader.py");
+const TORCH_SHUFFLE: &str = include_str!("../../torch_shuffle.py");
+
+/// The scripts written into a new temporary folder, removed when this is dropped.
+struct Scripts {
+    dir: tempfile::TempDir,
+}
+
+impl Scripts {
+    fn write() -> std::io::Result<Scripts> {
+        let dir = tempfile::Builder::new().prefix("wirespeed-shuffle-scripts-").tempdir()?;
+        std::fs::write(dir.path().join("python_loader.py"), PYTHON_LOADER)?;
+        std::fs::write(dir.path().join("torch_shuffle.py"), TORCH_SHUFFLE)?;
+        Ok(Scripts { dir })
+    }
+
+    /// `python3 SCRIPT` (or `$PYTHON`), the script in its temporary folder, its
+    /// stderr ours; in our working folder, where a relative path to the file holds.
+    fn command(&self, name: &str, a: &Args) -> std::process::Command {
+        let mut cmd = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
+        cmd.arg(self.dir.path().join(name));
+        cmd.stdin(std::process::Stdio::null()).stderr(std::process::Stdio::inherit());
+        if a.emulated {
+            cmd.arg("--emulated");
+        }
+        cmd
+    }
+}
+
+/// The arguments of bench/python_loader.py common to its rows.
+fn loader_args(cmd: &mut std::process::Command, a: &Args, path: &Path, line: f64) {
+    cmd.arg(path).args(["--record", &a.record.to_string(), "--batch", &a.batch.to_string()]);
+    cmd.args(["--block", &a.block.to_string(), "--line", &line.to_string()]);
+    if let Some(p) = a.prefetch {
+        cmd.args(["--prefetch", &p.to_string()]);
+    }
+}
+
 /// `wirespeed.Loader` from Python on the same file and way as `row` (bench/python_loader.py).
-fn python_row(a: &Args, path: &Path, line: f64, row: &Row) -> Option<serde_json::Value> {
+fn python_row(a: &Args, scripts: &Scripts, path: &Path, line: f64, row: &Row) -> Option<serde_json::Value> {
     let (way, budget, dev) = match row.name.as_str() {
         "shuffle-pool" => ("pool", a.budget, a.pool),
-        "shuffle-full-resident" => ("full", a.budget, 0),
+        "shuffle-full-resident" => ("resident", a.budget, 0),
         _ => return None,
     };
     eprintln!("wirespeed.Loader from Python ({way}) ...");
-    let mut cmd = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
-    cmd.arg(script("python_loader.py")).arg(path).args(["--way", way, "--record", &a.record.to_string()]);
-    cmd.args(["--batch", &a.batch.to_string(), "--budget", &budget.to_string(), "--block", &a.block.to_string()]);
-    cmd.args(["--reps", &a.reps.to_string(), "--line", &line.to_string()]);
+    let mut cmd = scripts.command("python_loader.py", a);
+    loader_args(&mut cmd, a, path, line);
+    cmd.args(["--way", way, "--budget", &budget.to_string(), "--reps", &a.reps.to_string()]);
     if dev > 0 {
         cmd.args(["--device-budget", &dev.to_string()]);
     }
@@ -418,43 +490,92 @@ fn python_row(a: &Args, path: &Path, line: f64, row: &Row) -> Option<serde_json:
     })
 }
 
-fn script(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
-    if p.exists() { p } else { Path::new("bench").join(name) }
+/// `wirespeed.Loader` from Python with `ms` of calibrated work per batch
+/// queued on torch's stream, for each way of --ways (bench/python_loader.py --busy).
+fn busy_rows(a: &Args, scripts: &Scripts, path: &Path, line: f64, ms: f64) -> Vec<serde_json::Value> {
+    let mut ways: Vec<&str> = Vec::new();
+    for w in &a.ways {
+        let w = w.split_once(':').map_or(w.as_str(), |(w, _)| w);
+        if !ways.contains(&w) {
+            ways.push(w);
+        }
+    }
+    eprintln!("wirespeed.Loader from Python with {ms} ms of work per batch ({}) ...", ways.join(", "));
+    let mut cmd = scripts.command("python_loader.py", a);
+    loader_args(&mut cmd, a, path, line);
+    cmd.args(["--way", &ways.join(","), "--budget", &a.budget.to_string()]);
+    cmd.args(["--device-budget", &a.pool.to_string(), "--busy", &ms.to_string()]);
+    if let Some(n) = a.busy_batches {
+        cmd.args(["--busy-batches", &n.to_string()]);
+    }
+    json_lines(cmd.output(), "Python busy rows")
 }
 
+/// The JSON lines a script printed; its other lines (a skip, a failure) are
+/// shown as they are.
 fn json_lines(out: std::io::Result<std::process::Output>, what: &str) -> Vec<serde_json::Value> {
     match out {
         Ok(o) => {
             // The rows that finished, even when a later one failed.
-            let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .collect();
+            let mut rows = Vec::new();
+            for l in String::from_utf8_lossy(&o.stdout).lines() {
+                match serde_json::from_str::<serde_json::Value>(l) {
+                    Ok(v) if v.is_object() => rows.push(v),
+                    _ if l.trim().is_empty() => {}
+                    _ => eprintln!("{what}: {l}"),
+                }
+            }
             if !o.status.success() {
-                let err = String::from_utf8_lossy(&o.stderr);
-                let tail: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-                eprintln!("{what}: a row failed: {}", tail[tail.len().saturating_sub(6)..].join("\n    "));
+                eprintln!("{what}: a row failed ({}; its errors above)", o.status);
             }
             rows
         }
         Err(e) => {
-            eprintln!("{what} skipped: {e}");
+            eprintln!("{what} skipped: could not run Python ({e})");
             Vec::new()
         }
     }
 }
 
 /// PyTorch's DataLoader on the same file (bench/torch_shuffle.py), if torch is importable.
-fn torch_rows(a: &Args, path: &Path, line: f64) -> Vec<serde_json::Value> {
+fn torch_rows(a: &Args, scripts: &Scripts, path: &Path, line: f64) -> Vec<serde_json::Value> {
     eprintln!("PyTorch DataLoader rows ({} s each) ...", a.torch_seconds);
-    let out = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-        .arg(script("torch_shuffle.py"))
-        .arg(path)
-        .args(["--record", &a.record.to_string(), "--batch", &a.batch.to_string()])
-        .args(["--seconds", &a.torch_seconds.to_string(), "--line", &line.to_string()])
-        .output();
-    json_lines(out, "PyTorch rows")
+    let mut cmd = scripts.command("torch_shuffle.py", a);
+    cmd.arg(path).args(["--record", &a.record.to_string(), "--batch", &a.batch.to_string()]);
+    cmd.args(["--seconds", &a.torch_seconds.to_string(), "--line", &line.to_string()]);
+    json_lines(cmd.output(), "PyTorch rows")
+}
+
+fn print_busy(busy: &[serde_json::Value]) {
+    if busy.is_empty() {
+        return;
+    }
+    println!(
+        "\n| row | work ms/batch | next() ms median | p99 (goal 0.5) | max (goal 2) | queued ms (goal 200+) | wall s \
+         | loader alone s | work alone s | wall / max (goal 1.05) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or("?").to_string();
+    for b in busy {
+        println!(
+            "| {} | {:.1} | {:.3} | {:.3} {} | {:.3} {} | {:.0} {} | {:.2} | {:.2} | {:.2} | {:.3} {} |",
+            s(b, "name"),
+            f(b, "busy_ms"),
+            f(b, "next_ms_median"),
+            f(b, "next_ms_p99"),
+            s(b, "next_p99_goal"),
+            f(b, "next_ms_max"),
+            s(b, "next_max_goal"),
+            f(b, "queued_ms"),
+            s(b, "queued_200ms"),
+            f(b, "wall_s"),
+            f(b, "loader_alone_s"),
+            f(b, "work_alone_s"),
+            f(b, "ratio"),
+            s(b, "ratio_goal"),
+        );
+    }
 }
 
 fn print_table(rows: &[Row], torch: &[serde_json::Value], line: f64) {
@@ -499,6 +620,31 @@ fn print_table(rows: &[Row], torch: &[serde_json::Value], line: f64) {
     if best_torch > 0.0 {
         for r in rows {
             println!("{}: {:.1}x the best DataLoader row's records/s", r.name, r.mrec_per_s / best_torch);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The built-in scripts are written whole, and run from there:
+    /// each says why it skips (here: no torch, or an emulated run) and exits 0.
+    #[test]
+    fn scripts_run_from_a_temporary_folder_or_skip() {
+        let scripts = Scripts::write().unwrap();
+        for (name, source) in [("python_loader.py", PYTHON_LOADER), ("torch_shuffle.py", TORCH_SHUFFLE)] {
+            assert_eq!(std::fs::read_to_string(scripts.dir.path().join(name)).unwrap(), source);
+        }
+        if std::process::Command::new("python3").arg("-c").arg("pass").status().is_err() {
+            return; // no python3 here
+        }
+        let a = Args::parse_from(["shuffle", "--emulated"]);
+        for name in ["python_loader.py", "torch_shuffle.py"] {
+            let out = scripts.command(name, &a).arg("no-such-file").output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{name}: {text}");
+            assert!(text.starts_with(&format!("{name}: skipped: ")), "{name}: {text}");
         }
     }
 }
