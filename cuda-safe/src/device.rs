@@ -93,12 +93,14 @@ impl Device {
     /// than remembering what it set: other code on the thread (PyTorch's
     /// `torch.cuda.set_device`, say) may have made another device current
     /// since.
+    /// Where the runtime cannot say (a sticky error: every call fails
+    /// with it), the call that follows reports the error under its own name.
     #[inline]
     pub(crate) fn ensure_current(&self) -> Result<()> {
-        if raw::current_device()? == self.ordinal {
-            return Ok(());
+        match raw::current_device() {
+            Ok(d) if d != self.ordinal => self.switch_to(),
+            _ => Ok(()),
         }
-        self.switch_to()
     }
 
     #[cold]
