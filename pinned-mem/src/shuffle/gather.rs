@@ -1,7 +1,10 @@
 //! The gather kernel (`kernels/gather.cu`), loaded once per process, behind
 //! a safe call that checks every address the kernel will touch.
 
-use wirespeed_cuda::{DeviceSlice, DeviceSliceMut, Kernel, KernelArgs, LaunchConfig, Library, PinnedSlice, Stream};
+use wirespeed_cuda::{
+    Device, DeviceBuffer, DeviceSlice, DeviceSliceMut, Kernel, KernelArgs, LaunchConfig, Library, PinnedBuffer,
+    PinnedSlice, Stream,
+};
 
 use super::order::Permutation;
 use crate::error::{Error, Result};
@@ -66,6 +69,39 @@ pub(crate) fn kernels() -> Result<Kernels> {
             records_per_block: 8,
         },
     })
+}
+
+/// Launches each of the four kernels once on `stream`, gathering nothing,
+/// and waits for them. The driver loads a kernel's code at its first launch
+/// (lazy loading, CUDA's default since 12.2), and that launch waits for the
+/// device's other work: at the first batch of a loader that was the
+/// caller's queued work (on the H200, the first gather of each kind waited
+/// for the caller's stream). Made here, when the loader is.
+pub(crate) fn warm_up(kernels: &Kernels, stream: &Stream, device: &Device) -> Result<()> {
+    let mut dst = DeviceBuffer::<u8>::new(device, 16)?;
+    let src = DeviceBuffer::<u8>::new(device, 16)?;
+    let host = PinnedBuffer::<u8>::new(16)?;
+    let offsets = PinnedBuffer::<u64>::new(1)?;
+    for (pair, on_host) in [(&kernels.device, false), (&kernels.host, true)] {
+        for by_offsets in [true, false] {
+            let mut out = dst.slice_mut(..)?;
+            let (from_host, from_device, at) = (host.slice(..)?, src.slice(..)?, offsets.slice(..)?);
+            let args = KernelArgs::new().write(&mut out);
+            let args = if on_host { args.read_host(&from_host) } else { args.read(&from_device) };
+            let (kernel, args) = if by_offsets {
+                (&pair.by_offsets, args.read_host(&at).value(0u64).value(1u64))
+            } else {
+                (&pair.by_permutation, args.value(0u64).value(1u64).value(0u64).value(1u64).value(0u64).value(0u64))
+            };
+            // SAFETY: the parameters are those of `gather` (by offsets:
+            // dst, src, offsets, n, rec) and `gather_permuted` (dst, src, n,
+            // rec, first, count, key, bits), each 8 bytes, in that order;
+            // with `n` = 0 the kernel touches no memory at all.
+            unsafe { stream.launch(kernel, LaunchConfig::linear(1, THREADS), args) }?.detach();
+        }
+    }
+    stream.synchronize()?;
+    Ok(())
 }
 
 /// Where a batch's records are read: device memory, or host memory the

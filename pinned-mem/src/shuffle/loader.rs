@@ -223,8 +223,10 @@ impl Loader {
             // transfer, the ring's pinned allocation (cudaFreeHost of a slot
             // it realigns, at least) would wait for every stream of the
             // device, the caller's queued work included.
+            // Where the budget cannot hold it now, the first transfer tries
+            // again, and says so if it still cannot.
             let widest = arrays.iter().map(|a| a.count().saturating_mul(a.record_bytes())).max().unwrap_or(0);
-            streamer.prepare(widest)?;
+            let _ = streamer.prepare(widest);
         }
         let stream = Stream::new(device)?;
         let marks = Marks {
@@ -232,6 +234,9 @@ impl Loader {
             after: Event::new(device, EventOptions::default())?,
         };
         let kernels = if way == Way::Ring { None } else { Some(gather::kernels()?) };
+        if let Some(k) = &kernels {
+            gather::warm_up(k, &stream, device)?;
+        }
         let store = make_store(way, device, arrays, &config, device_budget, &streamer, cut)?;
         let order = make_order(&store, cut, &config, 0)?;
         let mut stages = Vec::with_capacity(STAGES);
@@ -500,9 +505,9 @@ impl Loader {
     /// The gather is enqueued on [`Loader::stream`]; the call waits on the
     /// host only for what the gather needs: the pool's transfers of the
     /// blocks it reads, and a staging buffer of batch `n - 4`'s offsets.
-    /// With [`Way::Ring`], the ring's threads gather the batch after this
-    /// one (and the one after that where their slots hold both; at an
-    /// epoch's end, the next epoch's first) while the caller is elsewhere:
+    /// With [`Way::Ring`], the ring's threads gather up to three batches
+    /// after this one (as many as their slots hold; at an epoch's end, the
+    /// next epoch's first) while the caller is elsewhere:
     /// the call waits for the threads to have filled this batch's slots,
     /// then enqueues their copies on [`Loader::stream`].
     ///
