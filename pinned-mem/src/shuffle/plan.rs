@@ -112,10 +112,18 @@ impl std::fmt::Debug for Tables {
 /// Where each position of a group goes in its permuted order, computed once
 /// per group by several threads: the permutation costs tens of nanoseconds a
 /// position, which for every record of every batch on the loader's thread
-/// was the bound of the pool's batches.
+/// was the bound of the pool's batches. The next group's is made in the
+/// background once its blocks start streaming ([`PoolOrder::prepare_table`]):
+/// made by the group's first batch, it held that batch up for milliseconds.
 struct GroupTable {
     group: u64,
-    at: Arc<Vec<u32>>,
+    at: Table,
+}
+
+/// A group's table, made or still being made on a thread of its own.
+enum Table {
+    Ready(Arc<Vec<u32>>),
+    Making(std::thread::JoinHandle<Vec<u32>>),
 }
 
 /// Threads that compute a group's table.
@@ -291,12 +299,38 @@ impl PoolOrder {
         }
         let mut tables = lock(&self.tables.0);
         let slot = &mut tables[(g % 2) as usize];
-        if let Some(t) = slot.as_ref().filter(|t| t.group == g) {
-            return Some(Arc::clone(&t.at));
-        }
-        let at = Arc::new(table_of(perm));
-        *slot = Some(GroupTable { group: g, at: Arc::clone(&at) });
+        let made = match slot.take() {
+            Some(GroupTable { group, at: Table::Ready(at) }) if group == g => Some(at),
+            // Made in the background: wait for it (a thread that failed is made again here).
+            Some(GroupTable { group, at: Table::Making(h) }) if group == g => h.join().ok().map(Arc::new),
+            _ => None,
+        };
+        let at = made.unwrap_or_else(|| Arc::new(table_of(perm)));
+        *slot = Some(GroupTable { group: g, at: Table::Ready(Arc::clone(&at)) });
         Some(at)
+    }
+
+    /// Starts making group `g`'s table on a thread of its own, once no batch
+    /// reads group `g - 2` (whose table it replaces): as `g`'s blocks start
+    /// streaming. Where no thread can be started, the group's first batch
+    /// makes it.
+    pub(crate) fn prepare_table(&self, g: u64) {
+        if g >= self.groups() {
+            return;
+        }
+        let r = self.group_range(g);
+        let perm = self.group_perm(g, r.end - r.start);
+        if perm.len() > u64::from(u32::MAX) {
+            return;
+        }
+        let mut tables = lock(&self.tables.0);
+        let slot = &mut tables[(g % 2) as usize];
+        if slot.as_ref().is_some_and(|t| t.group == g) {
+            return;
+        }
+        if let Ok(h) = std::thread::Builder::new().name("wirespeed-table".into()).spawn(move || table_of(&perm)) {
+            *slot = Some(GroupTable { group: g, at: Table::Making(h) });
+        }
     }
 
     /// The groups that batch `b` reads (one, or two at a boundary).

@@ -169,6 +169,7 @@ impl Pool {
         let until = first.saturating_add(2).min(order.groups());
         while self.next_group < until {
             self.start(streamer, arrays, order, self.next_group)?;
+            order.prepare_table(self.next_group);
             self.next_group += 1;
         }
         Ok(())
