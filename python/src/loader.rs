@@ -1,13 +1,18 @@
 //! `_Loader`: the Rust shuffled-batch loader (`wirespeed_pinned::Loader`)
 //! behind `wirespeed.Loader`. The Python layer allocates each batch's tensors
 //! from torch's caching allocator *on the loader's stream* (so the allocator
-//! orders their reuse after the gather) and passes their pointers; `gather`
-//! enqueues the batch on the loader's stream and records one of the loader's
-//! events after it, never waiting for the consumer's work; `ready` makes the
-//! consumer's stream wait for that event when the batch is handed out. Every
-//! call leaves the thread's current CUDA device as it found it.
+//! orders their reuse after the gather) and submits their pointers; a thread
+//! of the loader's own enqueues each batch's gather on the loader's stream
+//! and records one of the loader's events after it, so that the caller's
+//! thread does none of the gathering's host work (the pool's waits for its
+//! blocks, the ring's slots), never waiting for the consumer's work; `collect`
+//! waits (interruptibly) only where that thread is behind, and `ready` makes
+//! the consumer's stream wait for the batch's event. Every call leaves the
+//! thread's current CUDA device as it found it.
 
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use pyo3::prelude::*;
 use wirespeed_cuda::locks::lock;
@@ -16,6 +21,7 @@ use wirespeed_pinned::{Checkpoint, Loader, LoaderConfig, LoaderState, MappedFile
 
 use crate::error::err;
 use crate::handles::{consumer, keeping_device};
+use crate::inflight::{SLICE, Waiting};
 
 /// One array: `(path, header bytes, record bytes, records or None for as many as the file holds)`.
 type ArraySpec = (String, u64, u64, Option<u64>);
@@ -23,15 +29,76 @@ type ArraySpec = (String, u64, u64, Option<u64>);
 /// A loader of shuffled batches (see `wirespeed.Loader`).
 #[pyclass(name = "_Loader", module = "wirespeed._native")]
 pub(crate) struct PyLoader {
-    inner: Mutex<Option<Loader>>,
+    inner: Arc<Mutex<Option<Loader>>>,
     device: Device,
     record_bytes: Vec<u64>,
-    /// Recorded on the loader's stream after a batch's gather (`gather`),
-    /// waited for by the consumer's stream (`ready`): one per batch gathered
-    /// ahead and two spare, used in turn (a wait already enqueued keeps the
-    /// record it was made after).
-    marks: Vec<Event>,
+    /// Recorded on the loader's stream after a batch's gather (`gather`,
+    /// `submit`), waited for by the consumer's stream (`ready`): one per
+    /// batch gathered ahead and two spare, used in turn (a wait already
+    /// enqueued keeps the record it was made after).
+    marks: Arc<Vec<Event>>,
     turn: Mutex<usize>,
+    /// The thread that runs submitted gathers, in order, and their results.
+    worker: Mutex<Option<Worker>>,
+    /// Locked by the one thread that collects (a `Receiver` is not `Sync`:
+    /// the lock's guard is moved into the wait that releases the GIL).
+    done: Arc<Mutex<Option<Receiver<Done>>>>,
+}
+
+/// A batch's gather, submitted: its destinations and its event.
+struct Job {
+    ptrs: Vec<usize>,
+    records: u64,
+    mark: usize,
+}
+
+/// What a submitted gather came to: `(epoch, index, records)`, None at the
+/// end of the epoch, or the loader's error (its message).
+type Done = std::result::Result<Option<(u64, u64, u64)>, String>;
+
+struct Worker {
+    jobs: Sender<Job>,
+    thread: JoinHandle<()>,
+}
+
+/// What a gather needs of the loader.
+struct Gathering<'a> {
+    inner: &'a Mutex<Option<Loader>>,
+    record_bytes: &'a [u64],
+    device: Device,
+    marks: &'a [Event],
+}
+
+impl Gathering<'_> {
+    /// Enqueues the next batch's gather into `ptrs` on the loader's stream
+    /// and records event `mark` after it. On an error it waits for the
+    /// loader's stream first, so that nothing writes the memory once the
+    /// error is known.
+    fn run(&self, ptrs: &[usize], records: u64, mark: usize) -> Done {
+        let mut g = lock(self.inner);
+        let Some(loader) = g.as_mut() else {
+            return Err("the loader is closed".into());
+        };
+        // SAFETY: the Python layer passes memory it allocated for this batch
+        // from torch's caching allocator on the loader's stream (so any
+        // earlier use of it is ordered before the gather, and any later one
+        // after it), `records * rec` bytes on the loader's device, kept alive
+        // by the tensors it holds until the gather's result is collected; on
+        // an error the stream is waited for before the result is given.
+        let mut dsts =
+            unsafe { destinations(ptrs, self.record_bytes, records, self.device) }.map_err(|e| e.to_string())?;
+        let got = match loader.next_into(&mut dsts) {
+            Ok(got) => got,
+            Err(e) => {
+                let _ = loader.stream().synchronize();
+                return Err(e.to_string());
+            }
+        };
+        if got.is_some() {
+            loader.stream().record(&self.marks[mark]).map_err(|e| e.to_string())?;
+        }
+        Ok(got.map(|b| (b.epoch, b.index, b.records)))
+    }
 }
 
 /// The destinations of a batch of `records` records at `ptrs`.
@@ -134,7 +201,15 @@ impl PyLoader {
                 Ok((loader, marks))
             })
         })?;
-        Ok(PyLoader { inner: Mutex::new(Some(loader)), device: dev, record_bytes, marks, turn: Mutex::new(0) })
+        Ok(PyLoader {
+            inner: Arc::new(Mutex::new(Some(loader))),
+            device: dev,
+            record_bytes,
+            marks: Arc::new(marks),
+            turn: Mutex::new(0),
+            worker: Mutex::new(None),
+            done: Arc::new(Mutex::new(None)),
+        })
     }
 
     /// The handle of the loader's stream (for `torch.cuda.ExternalStream`).
@@ -226,13 +301,11 @@ impl PyLoader {
         })
     }
 
-    /// Records of the next batch, or None at the end of the epoch.
-    fn next_size(&self) -> PyResult<Option<u64>> {
+    /// Records of batch `b` of an epoch (of this rank).
+    fn batch_len(&self, b: u64) -> PyResult<u64> {
         let g = lock(&self.inner);
-        let l = g.as_ref().ok_or_else(closed)?;
-        let b = l.state().batch;
-        let r = l.sharding().batch(b);
-        Ok((b < l.len()).then_some(r.end - r.start))
+        let r = g.as_ref().ok_or_else(closed)?.sharding().batch(b);
+        Ok(r.end - r.start)
     }
 
     /// The file records of batch `b` of the current epoch.
@@ -241,43 +314,43 @@ impl PyLoader {
         Ok(g.as_mut().ok_or_else(closed)?.batch_records(b))
     }
 
-    /// Enqueues the next batch's gather into the memory at `ptrs` (one per
-    /// array, `records * record bytes` each, on the loader's device) on the
-    /// loader's stream, and records one of the loader's events after it;
-    /// returns `(epoch, index, records, mark)` (the event's index, for
-    /// `ready`), or None at the end of the epoch. It waits for nothing the
-    /// consumer enqueued: only, where the way needs it, for the loader's own
-    /// work (the pool's blocks landing, the ring's threads). On an error it
-    /// waits for the loader's stream before raising, so that nothing writes
-    /// the memory once the call has returned.
-    fn gather(&self, py: Python<'_>, ptrs: Vec<usize>, records: u64) -> PyResult<Option<(u64, u64, u64, usize)>> {
+    /// Hands the next batch's gather into the memory at `ptrs` (one per
+    /// array, `records * record bytes` each, on the loader's device) to the
+    /// loader's thread, which enqueues it on the loader's stream and records
+    /// one of the loader's events after it; returns that event's index (for
+    /// `ready`) at once. Results come back in order through `collect`. The
+    /// memory must stay alive until its result is collected.
+    fn submit(&self, ptrs: Vec<usize>, records: u64) -> PyResult<usize> {
         self.check_destinations(&ptrs)?;
-        py.detach(|| {
-            keeping_device(|| {
-                let mut g = lock(&self.inner);
-                let loader = g.as_mut().ok_or_else(closed)?;
-                // SAFETY: the Python layer passes memory it allocated for this
-                // batch from torch's caching allocator on the loader's stream
-                // (so any earlier use of it is ordered before the gather, and
-                // any later one after it), `records * rec` bytes on the
-                // loader's device, kept alive by the tensors it holds; on an
-                // error the stream is waited for before returning.
-                let mut dsts = unsafe { destinations(&ptrs, &self.record_bytes, records, self.device) }?;
-                let got = match loader.next_into(&mut dsts) {
-                    Ok(got) => got,
-                    Err(e) => {
-                        let _ = loader.stream().synchronize();
-                        return Err(err(e));
-                    }
-                };
-                let Some(b) = got else { return Ok(None) };
-                let mut turn = lock(&self.turn);
-                let mark = *turn;
-                *turn = (mark + 1) % self.marks.len();
-                loader.stream().record(&self.marks[mark]).map_err(err)?;
-                Ok(Some((b.epoch, b.index, b.records, mark)))
-            })
-        })
+        let mark = self.next_mark();
+        let mut w = lock(&self.worker);
+        if w.is_none() {
+            *w = Some(self.start_worker()?);
+        }
+        let job = Job { ptrs, records, mark };
+        w.as_ref().map(|w| w.jobs.send(job)).transpose().map_err(|_| err("the loader's thread has stopped"))?;
+        Ok(mark)
+    }
+
+    /// The result of the oldest gather submitted and not yet collected:
+    /// `(epoch, index, records)`, or None at the end of the epoch; raises
+    /// its error. Waits (interruptibly) only while the loader's thread has
+    /// not enqueued it yet.
+    fn collect(&self, py: Python<'_>) -> PyResult<Option<(u64, u64, u64)>> {
+        let done = Arc::clone(&self.done);
+        let mut waiting = None;
+        loop {
+            let got = py.detach(|| lock(&done).as_ref().map(|rx| rx.recv_timeout(SLICE)));
+            let Some(got) = got else { return Err(err("no gather was submitted")) };
+            match got {
+                Ok(result) => return result.map_err(err),
+                Err(RecvTimeoutError::Timeout) => {
+                    waiting.get_or_insert_with(Waiting::enter);
+                    py.check_signals()?;
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(err("the loader's thread has stopped")),
+            }
+        }
     }
 
     /// Makes work enqueued on the consumer's `stream` from now on wait, on
@@ -292,32 +365,17 @@ impl PyLoader {
         })
     }
 
-    /// Gathers the next batch into the memory at `ptrs` (as `gather`) and
-    /// waits for it (for memory that no stream orders: the package's own
-    /// device arrays, without torch). Returns `(epoch, index, records)`, or
-    /// None at the end of the epoch.
-    fn next_into(&self, py: Python<'_>, ptrs: Vec<usize>, records: u64) -> PyResult<Option<(u64, u64, u64)>> {
-        self.check_destinations(&ptrs)?;
-        py.detach(|| {
-            keeping_device(|| {
-                let mut g = lock(&self.inner);
-                let loader = g.as_mut().ok_or_else(closed)?;
-                // SAFETY: the Python layer passes memory it allocated for
-                // this batch (device arrays, freed only once unused), `records
-                // * rec` bytes on the loader's device; the gather is waited
-                // for before returning, on success and on error.
-                let mut dsts = unsafe { destinations(&ptrs, &self.record_bytes, records, self.device) }?;
-                let got = loader.next_into(&mut dsts);
-                let synced = loader.stream().synchronize();
-                let got = got.map_err(err)?;
-                synced.map_err(err)?;
-                Ok(got.map(|b| (b.epoch, b.index, b.records)))
-            })
-        })
+    /// Waits on the host for the batch whose gather recorded event `mark`
+    /// (for the package's own device arrays, which no stream orders).
+    fn wait(&self, py: Python<'_>, mark: usize) -> PyResult<()> {
+        let ev = self.marks.get(mark).ok_or_else(|| err(format!("no mark {mark}")))?;
+        py.detach(|| keeping_device(|| ev.synchronize().map_err(err)))
     }
 
     /// Waits for the transfers and gathers in flight, then frees everything.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let worker = lock(&self.worker).take();
+        py.detach(|| stop(worker));
         let l = lock(&self.inner).take();
         py.detach(|| {
             keeping_device(|| {
@@ -334,6 +392,7 @@ impl PyLoader {
 impl Drop for PyLoader {
     /// Frees the events and a loader never closed keeping the thread's current device.
     fn drop(&mut self) {
+        stop(lock(&self.worker).take());
         let marks = std::mem::take(&mut self.marks);
         let inner = lock(&self.inner).take();
         let _ = keeping_device(|| {
@@ -344,7 +403,43 @@ impl Drop for PyLoader {
     }
 }
 
+/// Lets the loader's thread finish the gathers submitted, and waits for it.
+fn stop(worker: Option<Worker>) {
+    if let Some(w) = worker {
+        drop(w.jobs);
+        let _ = w.thread.join();
+    }
+}
+
 impl PyLoader {
+    fn next_mark(&self) -> usize {
+        let mut turn = lock(&self.turn);
+        let mark = *turn;
+        *turn = (mark + 1) % self.marks.len();
+        mark
+    }
+
+    /// The loader's thread, and where its results go.
+    fn start_worker(&self) -> PyResult<Worker> {
+        let (jobs, todo) = channel::<Job>();
+        let (results, done) = channel::<Done>();
+        let (inner, marks, record_bytes, device) =
+            (Arc::clone(&self.inner), Arc::clone(&self.marks), self.record_bytes.clone(), self.device);
+        let thread = std::thread::Builder::new()
+            .name("wirespeed-loader".into())
+            .spawn(move || {
+                let g = Gathering { inner: &inner, record_bytes: &record_bytes, device, marks: &marks };
+                for job in todo {
+                    if results.send(g.run(&job.ptrs, job.records, job.mark)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| err(format!("starting the loader's thread: {e}")))?;
+        *lock(&self.done) = Some(done);
+        Ok(Worker { jobs, thread })
+    }
+
     fn check_destinations(&self, ptrs: &[usize]) -> PyResult<()> {
         if ptrs.len() != self.record_bytes.len() {
             return Err(err(format!("{} destinations for {} arrays", ptrs.len(), self.record_bytes.len())));

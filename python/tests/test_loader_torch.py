@@ -50,6 +50,11 @@ def test_an_epoch_is_handed_out_while_the_callers_stream_is_busy(data, way):
     feats, labels = data
     with wirespeed.Loader((feats, labels), batch_size=512, seed=1, device="cuda", **WAYS[way]) as loader:
         assert loader.way == way
+        # torch's own kernels load at their first launch, which waits for the
+        # device's queued work: launch the test's own work once first.
+        torch.zeros(8, dtype=torch.int64, device="cuda").float().sum().item()
+        torch.cuda._sleep(1)
+        torch.cuda.synchronize()
         busy = torch.cuda.Event()
         # Seconds of work on the caller's stream, queued before the epoch.
         torch.cuda._sleep(int(torch.cuda.get_device_properties(0).clock_rate * 1000 * 5))  # about 5 s

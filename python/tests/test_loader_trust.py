@@ -322,7 +322,7 @@ def test_a_batch_that_fails_midway_is_not_written_once_the_call_returned(tmp_pat
     n = 300
     feats, labels = open_data(write_data(tmp_path, n), n)
     native = wirespeed._native
-    with wirespeed.Loader((feats, labels), batch_size=16, seed=4, shuffle=shuffle) as ld:
+    with wirespeed.Loader((feats, labels), batch_size=16, seed=4, shuffle=shuffle, prefetch=0) as ld:
         whole = [labels_of(b) for b in ld]
         ld.set_epoch(0)
         native._emulator_set_delay_us(100_000)
@@ -335,4 +335,43 @@ def test_a_batch_that_fails_midway_is_not_written_once_the_call_returned(tmp_pat
         wirespeed.release()
         gc.collect()
         assert native._emulator_counters()["ops_executed"] == ran, "work of the failed batch ran after the error"
+        assert [labels_of(b) for b in ld] == whole
+
+
+def test_ctrl_c_interrupts_a_wait_for_the_loaders_own_work(tmp_path):
+    """The pool's blocks provably cannot land (the emulated streams held):
+    next() waits for the loader's thread, and Ctrl-C (a SIGALRM handler
+    raising KeyboardInterrupt, once the call is inside the wait) interrupts
+    it; once the streams go on, the epoch is handed out whole, the
+    interrupted batch included."""
+    import signal
+
+    n = 400
+    feats, labels = open_data(write_data(tmp_path, n), n)
+    native = wirespeed._native
+    with wirespeed.Loader((feats, labels), batch_size=16, seed=6, shuffle="pool", pool_slots=4,
+                          block_bytes=BLOCK) as ld:
+        whole = [labels_of(b) for b in ld]
+        ld.set_epoch(0)
+        fired = []
+
+        def handler(signum, frame):
+            if native._waits() == 0:  # not inside the wait yet: again later
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+                return
+            fired.append(True)
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, handler)
+        native._emulator_hold(True)
+        try:
+            it = iter(ld)
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(KeyboardInterrupt):
+                next(it)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            native._emulator_hold(False)
+        assert fired
         assert [labels_of(b) for b in ld] == whole

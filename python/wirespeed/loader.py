@@ -251,7 +251,10 @@ class Loader:
         from . import _ensure_runtime
 
         self._native = None
+        # Batches submitted to the loader's thread and not handed out yet:
+        # (tensors, event), oldest first; _pos is the next to hand out.
         self._ahead: Deque[Any] = deque()
+        self._pos = (0, 0)
         _ensure_runtime()
         single = not isinstance(arrays, (list, tuple)) or _is_raw_spec(arrays)
         specs = [arrays] if single else list(arrays)
@@ -292,6 +295,7 @@ class Loader:
             self._stream = self._torch.cuda.ExternalStream(self._native.stream(), device=self._tdevice)
             self._stream_ctx = self._torch.cuda.stream
             self._current = self._torch.cuda.current_stream
+            self._empty = self._torch.empty
 
     def _torch_dtype(self, dtype: Any) -> Any:
         np = _numpy()
@@ -319,15 +323,16 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass epoch ``epoch`` (as ``DistributedSampler.set_epoch``)."""
         native = self._live()
-        self._ahead.clear()
+        self._drain()
         native.load_state(int(epoch), 0)
+        self._pos = (int(epoch), 0)
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is, and everything its order depends on: give it
         to :meth:`load_state_dict` to go on from here. Any rank's state
         resumes every rank (they are at the same batch)."""
-        epoch, _, records, batch_size, shuffle, seed, drop_last, world, pool = self._live().checkpoint()
-        _, batch = self._position()
+        _, _, records, batch_size, shuffle, seed, drop_last, world, pool = self._live().checkpoint()
+        epoch, batch = self._pos
         return {"epoch": epoch, "batch": batch, "seed": seed, "batch_size": batch_size, "rank": self._rank,
                 "world_size": world, "records": records, "shuffle": shuffle, "drop_last": drop_last,
                 "order": "full" if pool is None else "pool",
@@ -349,11 +354,12 @@ class Loader:
         def opt(key: str, kind: Any) -> Any:
             return kind(state[key]) if state.get(key) is not None else None
 
-        self._ahead.clear()
+        self._drain()
         native.resume(int(state["epoch"]), int(state["batch"]), records=opt("records", int),
                       batch_size=opt("batch_size", int), shuffle=opt("shuffle", bool), seed=opt("seed", int),
                       drop_last=opt("drop_last", bool), world=opt("world_size", int), pool=pool,
                       pool_known=pool_known)
+        self._pos = (int(state["epoch"]), int(state["batch"]))
 
     def batch_indices(self, batch: int) -> list:
         """The records (indices into the arrays) of batch ``batch`` of the current epoch."""
@@ -362,8 +368,8 @@ class Loader:
     def close(self) -> None:
         """Waits for the work in flight and frees what the loader holds
         (device memory, pins). Using it afterwards raises :class:`Error`."""
-        self._ahead.clear()
         if self._native is not None:
+            self._drain()
             n, self._native = self._native, None
             n.close()
 
@@ -381,7 +387,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         native = self._live()
-        epoch, batch = self._position()
+        epoch, batch = self._pos
         if batch >= len(native) > 0:
             self.set_epoch(epoch + 1)  # the last pass ended: the next epoch
         while True:
@@ -397,51 +403,56 @@ class Loader:
             raise Error("the loader is closed")
         return self._native
 
-    def _position(self) -> Tuple[int, int]:
-        """The epoch and the next batch to hand out (the native loader is
-        ahead by the batches gathered and not yet handed out)."""
-        epoch, batch = self._live().state()
-        return epoch, batch - len(self._ahead)
+    def _drain(self) -> None:
+        """Collects every gather submitted (their errors dropped: the batches
+        are not handed out), so that their tensors may go."""
+        native = self._native
+        while self._ahead:
+            try:
+                native.collect()
+            except Error:
+                pass
+            self._ahead.popleft()
 
     def _next(self, native: Any) -> Any:
-        if self._torch is None:
-            return self._next_waiting(native)
-        ahead = self._ahead
-        while len(ahead) <= self._depth:
-            item = self._gather(native)
-            if item is None:
-                break
-            ahead.append(item)
+        epoch, b = self._pos
+        ahead, count = self._ahead, len(native)
+        # Keep `prefetch` batches submitted beyond the one handed out now.
+        while len(ahead) <= self._depth and b + len(ahead) < count:
+            n = native.batch_len(b + len(ahead))
+            outs, ptrs = self._alloc(n)
+            ahead.append((outs, native.submit(ptrs, n)))
         if not ahead:
             return None
-        outs, mark = ahead.popleft()
-        consumer = self._current(self._tdevice)
-        native.ready(mark, consumer.cuda_stream)
-        for t in outs:
-            t.record_stream(consumer)
+        outs, mark = ahead[0]
+        try:
+            native.collect()
+        except Error:
+            # The batch failed (nothing writes its memory now): the next call
+            # hands it out again, from a fresh start of the epoch's order.
+            ahead.popleft()
+            self._drain()
+            native.load_state(epoch, b)
+            raise
+        ahead.popleft()
+        self._pos = (epoch, b + 1)
+        if self._torch is not None:
+            consumer = self._current(self._tdevice)
+            native.ready(mark, consumer.cuda_stream)
+            for t in outs:
+                t.record_stream(consumer)
+        else:
+            native.wait(mark)  # the package's own arrays: no stream orders their users
         return outs[0] if self._single else tuple(outs)
 
-    def _gather(self, native: Any) -> Any:
-        """The next batch's tensors, allocated on the loader's stream, and its
-        gather enqueued there; None at the end of the epoch."""
-        n = native.next_size()
-        if n is None:
-            return None
-        empty, dev = self._torch.empty, self._tdevice
-        with self._stream_ctx(self._stream):
-            outs = [empty((n,) + a.shape, dtype=dt, device=dev) for a, dt in zip(self._arrays, self._tdtypes)]
-        got = native.gather([t.data_ptr() for t in outs], n)
-        if got is None:
-            return None
-        return outs, got[3]
-
-    def _next_waiting(self, native: Any) -> Any:
-        """Without torch: the package's own device arrays, each batch waited for."""
-        n = native.next_size()
-        if n is None:
-            return None
+    def _alloc(self, n: int) -> Tuple[list, list]:
+        """A batch's tensors (allocated on the loader's stream), or without
+        torch the package's device arrays; and their addresses."""
+        if self._torch is not None:
+            with self._stream_ctx(self._stream):
+                outs = [self._empty((n,) + a.shape, dtype=dt, device=self._tdevice)
+                        for a, dt in zip(self._arrays, self._tdtypes)]
+            return outs, [t.data_ptr() for t in outs]
         outs = [_native._DeviceArray(n * a.record_bytes, self._device, a.dtype.str, [n] + list(a.shape))
                 for a in self._arrays]
-        if native.next_into([arr.ptr for arr in outs], n) is None:
-            return None
-        return outs[0] if self._single else tuple(outs)
+        return outs, [arr.ptr for arr in outs]
