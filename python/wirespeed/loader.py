@@ -282,11 +282,15 @@ class Loader:
             device_budget = _agreed_device_budget(self._device, world_size)
         self._seed, self._batch_size, self._rank, self._world = int(seed), int(batch_size), rank, world_size
         self._depth = int(prefetch)
-        self._native = _native._Loader(
+        native = self._native = _native._Loader(
             [a.native() for a in self._arrays], self._batch_size, do_shuffle, way, self._seed, bool(drop_last),
             rank, world_size, self._device, int(budget), device_budget, int(block_bytes),
             None if pool_slots is None else int(pool_slots), self._depth,
         )
+        # Asked once: the native loader's lock is held by its thread while it
+        # gathers, and next() must not wait for that to learn a batch's size.
+        self._len = len(native)
+        self._last_len = native.batch_len(self._len - 1) if self._len else 0
         torch = sys.modules.get("torch")
         self._torch = torch if torch is not None and torch.cuda.is_available() else None
         self._tdtypes = [self._torch_dtype(a.dtype) for a in self._arrays] if self._torch is not None else None
@@ -318,7 +322,8 @@ class Loader:
         return None if shape is None else shape[1]
 
     def __len__(self) -> int:
-        return len(self._live())
+        self._live()
+        return self._len
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass epoch ``epoch`` (as ``DistributedSampler.set_epoch``)."""
@@ -388,7 +393,7 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         native = self._live()
         epoch, batch = self._pos
-        if batch >= len(native) > 0:
+        if batch >= self._len > 0:
             self.set_epoch(epoch + 1)  # the last pass ended: the next epoch
         while True:
             out = self._next(native)
@@ -416,10 +421,10 @@ class Loader:
 
     def _next(self, native: Any) -> Any:
         epoch, b = self._pos
-        ahead, count = self._ahead, len(native)
+        ahead, count = self._ahead, self._len
         # Keep `prefetch` batches submitted beyond the one handed out now.
         while len(ahead) <= self._depth and b + len(ahead) < count:
-            n = native.batch_len(b + len(ahead))
+            n = self._batch_size if b + len(ahead) < count - 1 else self._last_len
             outs, ptrs = self._alloc(n)
             ahead.append((outs, native.submit(ptrs, n)))
         if not ahead:
