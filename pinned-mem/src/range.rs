@@ -582,7 +582,7 @@ fn register(
     if terms.mlock {
         window.mlock()?;
     }
-    let flags = RegisterFlags { portable: terms.portable, mapped: terms.mapped, read_only: true };
+    let flags = RegisterFlags::new().portable(terms.portable).mapped(terms.mapped).read_only(true);
     let reg = match ctx {
         Some(ctx) => HostRegistration::try_new_in(ctx, window, flags),
         None => HostRegistration::try_new(window, flags),
