@@ -159,7 +159,7 @@ impl PinnedRange {
     /// device current before each call; device 0 before any call), or one
     /// that other code set. With one GPU that is always it; with several,
     /// name the device ([`PinnedRange::new_on`]) or ask for a portable
-    /// registration ([`PinOptions::portable`]): a registration that is
+    /// registration ([`PinOptions::portable`](PinOptions#structfield.portable)): a registration that is
     /// neither belongs to whichever device happened to be current, and copies
     /// to the others read it as pageable memory (staged by the driver, far
     /// from the line rate). A range inside a live registration shares it
@@ -190,7 +190,7 @@ impl PinnedRange {
 
     /// As [`PinnedRange::new`], registered for `device` (made current on the
     /// calling thread first), as every object of `wirespeed-cuda` is made on
-    /// a device it names. With [`PinOptions::portable`] the registration is
+    /// a device it names. With [`PinOptions::portable`](PinOptions#structfield.portable) the registration is
     /// for every device, this one included.
     ///
     /// ```

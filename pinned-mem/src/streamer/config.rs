@@ -50,7 +50,7 @@ pub struct StreamConfig {
     /// What every registration, window, slot and bounce buffer draws from.
     pub budget: PinBudget,
     /// `mlock` registered windows too (see
-    /// [`PinOptions::mlock`](crate::PinOptions::mlock)); with `Auto`, windows
+    /// [`PinOptions::mlock`](crate::PinOptions#structfield.mlock)); with `Auto`, windows
     /// are also kept within the `RLIMIT_MEMLOCK` headroom.
     pub mlock: bool,
     /// Copy the data back and compare it with the file
