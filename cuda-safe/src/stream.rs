@@ -128,14 +128,46 @@ pub(crate) struct Use {
     pub(crate) seq: u64,
 }
 
-/// Options for [`Stream::with_options`].
+/// Options for [`Stream::with_options`]: blocking, priority 0 by default.
+///
+/// The struct may gain fields in a minor release, so outside this crate it is
+/// built from `Default` (or `new`) and the builder methods, not with a struct
+/// literal; its fields stay public for reading.
+///
+/// ```
+/// use wirespeed_cuda::StreamOptions;
+/// let o = StreamOptions::new().non_blocking(true).priority(-1);
+/// assert!(o.non_blocking);
+/// assert_eq!(o.priority, -1);
+/// assert_eq!(StreamOptions::new(), StreamOptions::default());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct StreamOptions {
     /// A non-blocking stream does not synchronize with the legacy default stream
     /// (recommended: the default for [`Stream::new`]).
     pub non_blocking: bool,
     /// Priority; lower numbers are higher priority. See [`Device::stream_priority_range`].
     pub priority: i32,
+}
+
+impl StreamOptions {
+    /// The default options: a blocking stream of priority 0.
+    pub const fn new() -> StreamOptions {
+        StreamOptions { non_blocking: false, priority: 0 }
+    }
+
+    /// With [`StreamOptions::non_blocking`](StreamOptions#structfield.non_blocking) set to `on`.
+    pub const fn non_blocking(mut self, on: bool) -> Self {
+        self.non_blocking = on;
+        self
+    }
+
+    /// With [`StreamOptions::priority`](StreamOptions#structfield.priority) set to `priority`.
+    pub const fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
 }
 
 /// A CUDA stream: work given to it runs in order, asynchronously to the host.
@@ -405,13 +437,44 @@ impl<'a> Pending<'a> {
     pub fn detach(self) {}
 }
 
-/// Options for [`Event::new`].
+/// Options for [`Event::new`]: no timing, spinning waits by default.
+///
+/// The struct may gain fields in a minor release, so outside this crate it is
+/// built from `Default` (or `new`) and the builder methods, not with a struct
+/// literal; its fields stay public for reading.
+///
+/// ```
+/// use wirespeed_cuda::EventOptions;
+/// let o = EventOptions::new().timing(true).blocking_sync(true);
+/// assert!(o.timing && o.blocking_sync);
+/// assert_eq!(EventOptions::new(), EventOptions::default());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct EventOptions {
     /// Measure time ([`Event::elapsed_ms`]); off makes record and wait cheaper.
     pub timing: bool,
     /// `synchronize` sleeps instead of spinning.
     pub blocking_sync: bool,
+}
+
+impl EventOptions {
+    /// The default options: no timing, `synchronize` spins.
+    pub const fn new() -> EventOptions {
+        EventOptions { timing: false, blocking_sync: false }
+    }
+
+    /// With [`EventOptions::timing`](EventOptions#structfield.timing) set to `on`.
+    pub const fn timing(mut self, on: bool) -> Self {
+        self.timing = on;
+        self
+    }
+
+    /// With [`EventOptions::blocking_sync`](EventOptions#structfield.blocking_sync) set to `on`.
+    pub const fn blocking_sync(mut self, on: bool) -> Self {
+        self.blocking_sync = on;
+        self
+    }
 }
 
 /// A CUDA event: a point in a stream's work that the host or other streams can wait for.
@@ -422,7 +485,7 @@ pub struct EventOptions {
 /// use wirespeed_cuda::{Device, Event, EventOptions, Stream};
 /// let dev = Device::get(0)?;
 /// let s = Stream::new(&dev)?;
-/// let (a, b) = (Event::new(&dev, EventOptions { timing: true, ..Default::default() })?, Event::new(&dev, EventOptions { timing: true, ..Default::default() })?);
+/// let (a, b) = (Event::new(&dev, EventOptions::new().timing(true))?, Event::new(&dev, EventOptions::new().timing(true))?);
 /// s.record(&a)?;
 /// // ... work ...
 /// s.record(&b)?;

@@ -29,13 +29,23 @@ use crate::mapping::{FileWindow, MappedFile, PageLock};
 use crate::registry::{Claim, Lease, Terms};
 use crate::util::{align_down, align_up, page_size};
 
-/// How to pin a range.
+/// How to pin a range: every option off by default ([`PinOptions::new`]),
+/// each set by its builder method.
+///
+/// The struct may gain fields in a minor release, so outside this crate it is
+/// built from [`PinOptions::new`] (or `Default`) and the builder methods, not
+/// with a struct literal; its fields stay public for reading.
 ///
 /// ```
-/// let opts = wirespeed_pinned::PinOptions { mlock: true, ..Default::default() };
-/// assert!(!opts.portable);
+/// use wirespeed_pinned::PinOptions;
+/// let opts = PinOptions::new().mlock(true);
+/// assert!(opts.mlock && !opts.portable && !opts.mapped);
+/// assert_eq!(PinOptions::new(), PinOptions::default());
+/// let all = PinOptions::new().mlock(true).portable(true).mapped(true);
+/// assert!(all.mlock && all.portable && all.mapped);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PinOptions {
     /// Also `mlock` the pages (counted against `RLIMIT_MEMLOCK`, checked
     /// beforehand unless the process has `CAP_IPC_LOCK`; see
@@ -54,6 +64,31 @@ pub struct PinOptions {
     /// [`wirespeed_cuda::KernelArgs::read_host`] (the shuffle [`Loader`](crate::Loader)'s
     /// registered way does). Copies need no mapping.
     pub mapped: bool,
+}
+
+impl PinOptions {
+    /// Every option off: no `mlock`, one device, not mapped (the default).
+    pub const fn new() -> PinOptions {
+        PinOptions { mlock: false, portable: false, mapped: false }
+    }
+
+    /// With [`PinOptions::mlock`](PinOptions#structfield.mlock) set to `on`.
+    pub const fn mlock(mut self, on: bool) -> Self {
+        self.mlock = on;
+        self
+    }
+
+    /// With [`PinOptions::portable`](PinOptions#structfield.portable) set to `on`.
+    pub const fn portable(mut self, on: bool) -> Self {
+        self.portable = on;
+        self
+    }
+
+    /// With [`PinOptions::mapped`](PinOptions#structfield.mapped) set to `on`.
+    pub const fn mapped(mut self, on: bool) -> Self {
+        self.mapped = on;
+        self
+    }
 }
 
 /// A registration of file pages, shared by every [`PinnedRange`] inside it.
@@ -124,7 +159,7 @@ impl PinnedRange {
     /// device current before each call; device 0 before any call), or one
     /// that other code set. With one GPU that is always it; with several,
     /// name the device ([`PinnedRange::new_on`]) or ask for a portable
-    /// registration ([`PinOptions::portable`]): a registration that is
+    /// registration ([`PinOptions::portable`](PinOptions#structfield.portable)): a registration that is
     /// neither belongs to whichever device happened to be current, and copies
     /// to the others read it as pageable memory (staged by the driver, far
     /// from the line rate). A range inside a live registration shares it
@@ -138,7 +173,7 @@ impl PinnedRange {
     /// # use wirespeed_pinned::*;
     /// # // SAFETY: nobody writes or truncates the file while it is mapped.
     /// # let file = unsafe { MappedFile::open(&path) }?;
-    /// let r = PinnedRange::new(&file, 0..file.len(), PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
+    /// let r = PinnedRange::new(&file, 0..file.len(), PinOptions::new().portable(true), &PinBudget::unlimited())?;
     /// assert_eq!(r.len(), file.len());
     /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
@@ -155,7 +190,7 @@ impl PinnedRange {
 
     /// As [`PinnedRange::new`], registered for `device` (made current on the
     /// calling thread first), as every object of `wirespeed-cuda` is made on
-    /// a device it names. With [`PinOptions::portable`] the registration is
+    /// a device it names. With [`PinOptions::portable`](PinOptions#structfield.portable) the registration is
     /// for every device, this one included.
     ///
     /// ```
@@ -403,7 +438,7 @@ impl PinnedRange {
     /// # use wirespeed_pinned::*;
     /// # // SAFETY: nobody writes or truncates the file while it is mapped.
     /// # let file = unsafe { MappedFile::open(&path) }?;
-    /// let r = PinnedRange::new(&file, 0..9, PinOptions { mlock: true, ..Default::default() }, &PinBudget::unlimited())?;
+    /// let r = PinnedRange::new(&file, 0..9, PinOptions::new().mlock(true), &PinBudget::unlimited())?;
     /// assert!(r.is_mlocked());
     /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
@@ -421,7 +456,7 @@ impl PinnedRange {
     /// # use wirespeed_pinned::*;
     /// # // SAFETY: nobody writes or truncates the file while it is mapped.
     /// # let file = unsafe { MappedFile::open(&path) }?;
-    /// let r = PinnedRange::new(&file, 0..9, PinOptions { portable: true, ..Default::default() }, &PinBudget::unlimited())?;
+    /// let r = PinnedRange::new(&file, 0..9, PinOptions::new().portable(true), &PinBudget::unlimited())?;
     /// assert!(r.is_portable());
     /// # std::fs::remove_file(&path)?; Ok(()) }
     /// ```
@@ -582,7 +617,7 @@ fn register(
     if terms.mlock {
         window.mlock()?;
     }
-    let flags = RegisterFlags { portable: terms.portable, mapped: terms.mapped, read_only: true };
+    let flags = RegisterFlags::new().portable(terms.portable).mapped(terms.mapped).read_only(true);
     let reg = match ctx {
         Some(ctx) => HostRegistration::try_new_in(ctx, window, flags),
         None => HostRegistration::try_new(window, flags),

@@ -193,7 +193,7 @@ impl PyLoader {
         let (loader, marks) = py.detach(|| {
             keeping_device(|| {
                 let loader = Loader::new(&dev, &records, config).map_err(err)?;
-                let opts = EventOptions { timing: false, ..EventOptions::default() };
+                let opts = EventOptions::new();
                 let marks = (0..depth.saturating_add(2).min(64))
                     .map(|_| Event::new(&dev, opts))
                     .collect::<wirespeed_cuda::Result<Vec<_>>>()

@@ -173,7 +173,7 @@ fn through_ring(py: Python<'_>, read: HostRead, budget: u64, sync: bool) -> PyRe
     let ring = host_ring::ring(py, read.dev, budget)?;
     let ours = ring.stream();
     read.order_after(ours)?;
-    let timing = EventOptions { timing: true, ..Default::default() };
+    let timing = EventOptions::new().timing(true);
     let (start, done) = (Event::new(&read.dev, timing).map_err(err)?, Event::new(&read.dev, timing).map_err(err)?);
     ours.record(&start).map_err(err)?;
     let lead = read.t0.0.elapsed().as_secs_f64();

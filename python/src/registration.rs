@@ -49,7 +49,7 @@ impl Registered {
     pub(crate) fn new(py: Python<'_>, buf: PyBuffer<u8>, read_only: bool) -> PyResult<Registered> {
         let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
         let mem = PyMem { ptr, len, buf };
-        let flags = RegisterFlags { portable: true, mapped: false, read_only };
+        let flags = RegisterFlags::new().portable(true).read_only(read_only);
         match py.detach(|| HostRegistration::try_new(mem, flags)) {
             Ok(reg) => {
                 let pages = pages_of(ptr, len);

@@ -418,9 +418,7 @@ const CASES: &[Case] = &[
         run: |fx| {
             let (f, _) = fx.file("memlock.bin", LEN);
             let budget = PinBudget::unlimited();
-            let e =
-                PinnedRange::new(&f, 0..f.len(), PinOptions { mlock: true, portable: false, mapped: false }, &budget)
-                    .unwrap_err();
+            let e = PinnedRange::new(&f, 0..f.len(), PinOptions::new().mlock(true), &budget).unwrap_err();
             assert_eq!(budget.used(), 0);
             e.into()
         },
@@ -456,7 +454,7 @@ const CASES: &[Case] = &[
         run: |fx| {
             let (f, _) = fx.file("budget.bin", LEN);
             // With mlock asked: refused before locking anything (VmLck is checked).
-            let opts = PinOptions { mlock: true, portable: false, mapped: false };
+            let opts = PinOptions::new().mlock(true);
             PinnedRange::new(&f, 0..f.len(), opts, &PinBudget::new(512 << 10)).unwrap_err().into()
         },
     },

@@ -346,8 +346,7 @@ fn stream_config_knobs_at_every_bound() {
         }
     }
     for room in [0.0, 1.0, TIB as f64, f64::MAX, f64::INFINITY, -1.0, f64::NAN] {
-        let mut cfg = StreamConfig::new(Strategy::Auto, budget.clone());
-        cfg.reserve_room = room;
+        let cfg = StreamConfig::new(Strategy::Auto, budget.clone()).with_reserve_room(room);
         match stream_all(cfg, &f, &data) {
             Ok(()) => assert!(!room.is_nan()),
             Err(e) => assert!(invalid(&e) && room.is_nan(), "reserve_room {room}: {e}"),
@@ -468,11 +467,7 @@ fn ranges_and_mappings_at_every_bound() {
         for end in U64S.into_iter().chain([len - 1, len, len + 1]) {
             let r = start_at..end;
             let fits = start_at <= end && end <= len;
-            for opts in [
-                PinOptions::default(),
-                PinOptions { portable: true, mlock: false, mapped: false },
-                PinOptions { portable: false, mlock: true, mapped: false },
-            ] {
+            for opts in [PinOptions::default(), PinOptions::new().portable(true), PinOptions::new().mlock(true)] {
                 match PinnedRange::new(&f, r.clone(), opts, &budget) {
                     Ok(p) => assert!(fits && start_at < end && p.as_bytes() == &data[start_at as usize..end as usize]),
                     Err(Error::MemlockLimit { .. }) if opts.mlock => {}

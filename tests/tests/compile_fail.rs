@@ -1,6 +1,8 @@
-//! Misuses of `cuda-safe` that must not compile (trybuild): each case in
-//! `tests/ui/` is a tiny program with the compiler's expected error beside it
-//! (`.stderr`). Regenerate those with `TRYBUILD=overwrite` and review them.
+//! Misuses of `cuda-safe` and `pinned-mem` that must not compile (trybuild):
+//! each case in `tests/ui/` is a tiny program with the compiler's expected
+//! error beside it (`.stderr`). Regenerate those with `TRYBUILD=overwrite` and
+//! review them. The cases in `tests/ui-pass/` must compile and run: what a
+//! crate outside the workspace writes instead (the option structs' builders).
 //!
 //! Skipped (with a note) where there is no Rust toolchain to compile them: when
 //! `CUDA_REQUIRED` is set (the GPU machine runs prebuilt test executables) or
@@ -27,5 +29,7 @@ fn misuses_do_not_compile() {
         .map(|d| d.filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "rs")).count())
         .unwrap_or(0);
     assert!(cases >= 12, "expected at least 12 compile-fail cases in tests/ui, found {cases}");
-    trybuild::TestCases::new().compile_fail("ui/*.rs");
+    let t = trybuild::TestCases::new();
+    t.compile_fail("ui/*.rs");
+    t.pass("ui-pass/*.rs");
 }

@@ -250,7 +250,7 @@ fn child_emulator_as_cuda_12() {
     assert_eq!(d.name().unwrap(), "Emulated CUDA Device");
     assert_eq!(count("cudaGetDeviceProperties_v2"), v2 + 2);
     let s = wirespeed_cuda::Stream::new(&d).unwrap();
-    let timed = wirespeed_cuda::EventOptions { timing: true, blocking_sync: false };
+    let timed = wirespeed_cuda::EventOptions::new().timing(true);
     let (a, b) = (wirespeed_cuda::Event::new(&d, timed).unwrap(), wirespeed_cuda::Event::new(&d, timed).unwrap());
     s.record(&a).unwrap();
     s.record(&b).unwrap();

@@ -74,7 +74,7 @@ fn register_fault_in_a_range() {
     let budget = PinBudget::unlimited();
     for mlock in [false, true] {
         assert!(t.emu().inject_fault("cudaHostRegister", 1, OOM, false));
-        let r = PinnedRange::new(&file, 10..LEN as u64, PinOptions { mlock, portable: false, mapped: false }, &budget);
+        let r = PinnedRange::new(&file, 10..LEN as u64, PinOptions::new().mlock(mlock), &budget);
         expect_call(r, "cudaHostRegister");
         assert_eq!(budget.used(), 0);
         t.assert_clean();

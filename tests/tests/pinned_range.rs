@@ -61,8 +61,7 @@ fn whole_file_with_a_partial_last_page() {
     let dir = TempDir::new("pm-range");
     let (f, data) = file(&dir, 2, 3 * PAGE as usize + 5);
     let budget = PinBudget::unlimited();
-    let r =
-        PinnedRange::new(&f, 0..f.len(), PinOptions { portable: true, mlock: false, mapped: false }, &budget).unwrap();
+    let r = PinnedRange::new(&f, 0..f.len(), PinOptions::new().portable(true), &budget).unwrap();
     assert!(r.is_portable());
     assert_eq!(r.pinned_pages(), 0..4 * PAGE);
     assert_eq!(round_trip(&r), data);
@@ -133,10 +132,7 @@ fn partial_overlaps_are_refused_clearly() {
     // A larger range containing `a` cannot share it either.
     assert!(matches!(PinnedRange::new(&f, 0..f.len(), opts, &budget), Err(Error::Overlap { .. })));
     // Inside but asking for portable while `a` is not: refused, not silently downgraded.
-    assert!(matches!(
-        PinnedRange::new(&f, 10..20, PinOptions { portable: true, ..opts }, &budget),
-        Err(Error::Overlap { .. })
-    ));
+    assert!(matches!(PinnedRange::new(&f, 10..20, opts.portable(true), &budget), Err(Error::Overlap { .. })));
     // Disjoint pages are fine.
     let b = PinnedRange::new(&f, 8192..10_000, opts, &budget).unwrap();
     assert_eq!(round_trip(&b), &data[8192..10_000]);
@@ -197,8 +193,7 @@ fn mlock_on_and_off() {
     let before = vm_lck_kb();
     let off = PinnedRange::new(&f, 0..8 * PAGE, PinOptions::default(), &budget).unwrap();
     assert!(!off.is_mlocked());
-    match PinnedRange::new(&f, 8 * PAGE..16 * PAGE, PinOptions { mlock: true, portable: false, mapped: false }, &budget)
-    {
+    match PinnedRange::new(&f, 8 * PAGE..16 * PAGE, PinOptions::new().mlock(true), &budget) {
         Ok(on) => {
             assert!(on.is_mlocked());
             assert!(vm_lck_kb() >= before + 32, "8 pages locked");
@@ -251,7 +246,7 @@ fn memlock_child() {
     let dir = TempDir::new("pm-memlock");
     let (f, data) = file(&dir, 9, 1 << 20);
     let budget = PinBudget::unlimited();
-    match PinnedRange::new(&f, 0..f.len(), PinOptions { mlock: true, portable: false, mapped: false }, &budget) {
+    match PinnedRange::new(&f, 0..f.len(), PinOptions::new().mlock(true), &budget) {
         Err(e @ Error::MemlockLimit { .. }) => {
             let Error::MemlockLimit { limit: l, requested, .. } = &e else { unreachable!() };
             assert_eq!((*l, *requested), (limit, 1 << 20));
@@ -265,8 +260,7 @@ fn memlock_child() {
     assert_eq!(budget.used(), 0, "nothing drawn on error");
     t.assert_clean();
     // Within the limit it works; without mlock the limit does not apply.
-    let small =
-        PinnedRange::new(&f, 0..4 * PAGE, PinOptions { mlock: true, portable: false, mapped: false }, &budget).unwrap();
+    let small = PinnedRange::new(&f, 0..4 * PAGE, PinOptions::new().mlock(true), &budget).unwrap();
     assert!(small.is_mlocked());
     drop(small);
     let r = PinnedRange::new(&f, 0..f.len(), PinOptions::default(), &budget).unwrap();
@@ -294,8 +288,7 @@ fn new_on_registers_for_the_device_it_names() {
     assert_eq!(budget.used(), 0);
     // On the last device (the same one with a single GPU), portable: for every device.
     let last = Device::get(Device::count().unwrap() - 1).unwrap();
-    let p =
-        PinnedRange::new_on(&last, &f, 0..4096, PinOptions { portable: true, ..Default::default() }, &budget).unwrap();
+    let p = PinnedRange::new_on(&last, &f, 0..4096, PinOptions::new().portable(true), &budget).unwrap();
     assert!(p.is_portable());
     assert_eq!(round_trip(&p), &data[..4096]);
     drop(p);
@@ -317,7 +310,7 @@ fn mlock_coexists_with_a_live_range_made_without_mlock() {
     let budget = PinBudget::unlimited();
     let before = vm_lck_kb();
     let mine = PinnedRange::new(&f, 5..32 * PAGE + 5, PinOptions::default(), &budget).unwrap();
-    let locked = PinOptions { mlock: true, portable: false, mapped: false };
+    let locked = PinOptions::new().mlock(true);
     let kib = |pages: u64| pages * PAGE / 1024;
     match PinnedRange::new(&f, 4 * PAGE..8 * PAGE, locked, &budget) {
         Ok(inner) => {

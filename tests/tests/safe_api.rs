@@ -121,20 +121,39 @@ fn event_waited_while_rerecorded_elsewhere() {
 
 #[test]
 fn options_and_flags() {
-    assert_eq!(StreamOptions::default(), StreamOptions { non_blocking: false, priority: 0 });
-    assert_eq!(EventOptions::default(), EventOptions { timing: false, blocking_sync: false });
-    assert_eq!(PinnedFlags::default(), PinnedFlags { portable: false, mapped: false, write_combined: false });
+    // The defaults, field by field, and `new()` is the default.
+    let so = StreamOptions::default();
+    assert_eq!((so.non_blocking, so.priority), (false, 0));
+    assert_eq!(StreamOptions::new(), so);
+    let eo = EventOptions::default();
+    assert_eq!((eo.timing, eo.blocking_sync), (false, false));
+    assert_eq!(EventOptions::new(), eo);
+    let pf = PinnedFlags::default();
+    assert_eq!((pf.portable, pf.mapped, pf.write_combined), (false, false, false));
+    assert_eq!(PinnedFlags::new(), pf);
+    let rf = RegisterFlags::default();
+    assert_eq!((rf.portable, rf.mapped, rf.read_only), (false, false, false));
+    assert_eq!(RegisterFlags::new(), rf);
+    // Each builder method sets its own field and only it.
+    let so = StreamOptions::new().non_blocking(true).priority(-2);
+    assert_eq!((so.non_blocking, so.priority), (true, -2));
+    assert!(!StreamOptions::new().priority(-2).non_blocking);
+    let eo = EventOptions::new().timing(true);
+    assert_eq!((eo.timing, eo.blocking_sync), (true, false));
+    let eo = EventOptions::new().blocking_sync(true);
+    assert_eq!((eo.timing, eo.blocking_sync), (false, true));
+    let pf = PinnedFlags::new().write_combined(true);
+    assert_eq!((pf.portable, pf.mapped, pf.write_combined), (false, false, true));
+    let pf = PinnedFlags::new().portable(true).mapped(true).write_combined(true).mapped(false);
+    assert_eq!((pf.portable, pf.mapped, pf.write_combined), (true, false, true));
+    let lc = wirespeed_cuda::LaunchConfig::new([2, 3, 4], [32, 2, 1]).shared_bytes(512);
+    assert_eq!((lc.grid, lc.block, lc.shared_bytes), ([2, 3, 4], [32, 2, 1], 512));
+    assert_eq!(wirespeed_cuda::LaunchConfig::linear(7, 64), wirespeed_cuda::LaunchConfig::new([7, 1, 1], [64, 1, 1]));
     assert_eq!(RegisterFlags::default().bits(), wirespeed_cuda_sys::cudaHostRegisterDefault);
-    assert_eq!(
-        RegisterFlags { portable: true, ..Default::default() }.bits(),
-        wirespeed_cuda_sys::cudaHostRegisterPortable
-    );
-    assert_eq!(RegisterFlags { mapped: true, ..Default::default() }.bits(), wirespeed_cuda_sys::cudaHostRegisterMapped);
-    assert_eq!(
-        RegisterFlags { read_only: true, ..Default::default() }.bits(),
-        wirespeed_cuda_sys::cudaHostRegisterReadOnly
-    );
-    assert_eq!(RegisterFlags { portable: true, mapped: true, read_only: true }.bits(), 1 | 2 | 8);
+    assert_eq!(RegisterFlags::new().portable(true).bits(), wirespeed_cuda_sys::cudaHostRegisterPortable);
+    assert_eq!(RegisterFlags::new().mapped(true).bits(), wirespeed_cuda_sys::cudaHostRegisterMapped);
+    assert_eq!(RegisterFlags::new().read_only(true).bits(), wirespeed_cuda_sys::cudaHostRegisterReadOnly);
+    assert_eq!(RegisterFlags::new().portable(true).mapped(true).read_only(true).bits(), 1 | 2 | 8);
     let f = Fence::default();
     assert!(f.is_idle());
     assert!(format!("{f:?}").contains("Fence"));
@@ -254,10 +273,10 @@ fn streams_and_options() {
     assert!(format!("{s:?}").contains("Stream"));
     for options in [
         StreamOptions::default(),
-        StreamOptions { non_blocking: true, priority: 0 },
-        StreamOptions { non_blocking: false, priority: greatest },
-        StreamOptions { non_blocking: true, priority: least },
-        StreamOptions { non_blocking: true, priority: greatest - 100 }, // clamped by CUDA
+        StreamOptions::new().non_blocking(true),
+        StreamOptions::new().priority(greatest),
+        StreamOptions::new().non_blocking(true).priority(least),
+        StreamOptions::new().non_blocking(true).priority(greatest - 100), // clamped by CUDA
     ] {
         let s = Stream::with_options(&d, options).unwrap();
         let mut buf = DeviceBuffer::<u16>::new(&d, 100).unwrap();
@@ -418,7 +437,7 @@ fn events() {
     let t = start();
     let d = dev();
     let s = Stream::new(&d).unwrap();
-    let timed = EventOptions { timing: true, blocking_sync: false };
+    let timed = EventOptions::new().timing(true);
     let (a, b) = (Event::new(&d, timed).unwrap(), Event::new(&d, timed).unwrap());
     assert!(!a.as_raw().is_null());
     assert!(format!("{a:?}").contains("Event"));
@@ -437,7 +456,7 @@ fn events() {
 
     // Timing off: elapsed time is refused with cudaErrorInvalidResourceHandle.
     let untimed = Event::new(&d, EventOptions::default()).unwrap();
-    let blocking = Event::new(&d, EventOptions { timing: false, blocking_sync: true }).unwrap();
+    let blocking = Event::new(&d, EventOptions::new().blocking_sync(true)).unwrap();
     s.record(&untimed).unwrap();
     s.record(&blocking).unwrap();
     blocking.synchronize().unwrap();
@@ -888,10 +907,10 @@ fn pinned_buffers_and_flags() {
 
     // Flags, as the runtime reports them (a GPU may add implied flags).
     for flags in [
-        PinnedFlags { portable: true, ..Default::default() },
-        PinnedFlags { mapped: true, ..Default::default() },
-        PinnedFlags { write_combined: true, ..Default::default() },
-        PinnedFlags { portable: true, mapped: true, write_combined: false },
+        PinnedFlags::new().portable(true),
+        PinnedFlags::new().mapped(true),
+        PinnedFlags::new().write_combined(true),
+        PinnedFlags::new().portable(true).mapped(true),
     ] {
         let b = PinnedBuffer::<u8>::with_flags(8192, flags).unwrap();
         assert_eq!(b.flags(), flags);
@@ -958,11 +977,7 @@ fn pointer_queries() {
         assert_eq!(host_device_pointer(pp).unwrap_err().code(), Some(1));
     }
     // Registered memory is host memory too.
-    let reg = HostRegistration::new(
-        vec![1u8; 1 << 16].into_boxed_slice(),
-        RegisterFlags { mapped: true, ..Default::default() },
-    )
-    .unwrap();
+    let reg = HostRegistration::new(vec![1u8; 1 << 16].into_boxed_slice(), RegisterFlags::new().mapped(true)).unwrap();
     let rp: *const c_void = reg.as_bytes().as_ptr().cast();
     assert!(pointer_kind(rp).unwrap().is_pinned_host());
     assert_eq!(
@@ -1034,11 +1049,9 @@ fn host_registration() {
     let back = reg.into_inner().unwrap();
     assert_eq!(&*back, &data[..]);
     // Memory taken back can be registered again, with other flags.
-    for flags in [
-        RegisterFlags { portable: true, ..Default::default() },
-        RegisterFlags { mapped: true, ..Default::default() },
-        RegisterFlags { read_only: true, ..Default::default() },
-    ] {
+    for flags in
+        [RegisterFlags::new().portable(true), RegisterFlags::new().mapped(true), RegisterFlags::new().read_only(true)]
+    {
         let reg = HostRegistration::new(back.clone(), flags).unwrap();
         assert_eq!(reg.flags(), flags);
         let got = host_flags(reg.as_bytes().as_ptr().cast()).unwrap();
@@ -1191,7 +1204,7 @@ fn read_only_pages_need_the_read_only_flag() {
     let (e, pages) = HostRegistration::try_new(ReadOnlyPages::new(&data), RegisterFlags::default()).unwrap_err();
     assert_eq!((e.call(), e.code()), ("cudaHostRegister", Some(1)), "{e}");
     assert!(e.to_string().contains("ReadOnly"), "{e}");
-    let reg = HostRegistration::new(pages, RegisterFlags { read_only: true, ..Default::default() }).unwrap();
+    let reg = HostRegistration::new(pages, RegisterFlags::new().read_only(true)).unwrap();
     let s = Stream::new(&d).unwrap();
     let mut g = DeviceBuffer::<u8>::new(&d, data.len()).unwrap();
     s.copy_to_device(&reg, &mut g).unwrap().wait().unwrap();

@@ -266,7 +266,7 @@ fn status_while_work_is_queued() {
     let s = Stream::new(&d).unwrap();
     let src = PinnedBuffer::from_slice(&pattern(3, 4096)).unwrap();
     let mut dev = DeviceBuffer::<u8>::new(&d, 4096).unwrap();
-    let timed = EventOptions { timing: true, blocking_sync: false };
+    let timed = EventOptions::new().timing(true);
     let (a, b) = (wirespeed_cuda::Event::new(&d, timed).unwrap(), wirespeed_cuda::Event::new(&d, timed).unwrap());
     t.set_delay_us(DELAY_US);
     s.record(&a).unwrap();

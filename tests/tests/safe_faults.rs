@@ -171,7 +171,7 @@ fault_tests! {
         inject(t, "cudaHostAlloc", 2);
         expect_fault(PinnedBuffer::<u8>::new(4096), "cudaHostAlloc", 2);
         inject(t, "cudaHostAlloc", 2);
-        expect_fault(PinnedBuffer::<u8>::with_flags(4096, PinnedFlags { mapped: true, ..Default::default() }), "cudaHostAlloc", 2);
+        expect_fault(PinnedBuffer::<u8>::with_flags(4096, PinnedFlags::new().mapped(true)), "cudaHostAlloc", 2);
         inject(t, "cudaHostAlloc", 2);
         expect_fault(PinnedBuffer::from_slice(&[1u8, 2, 3]), "cudaHostAlloc", 2);
     };
@@ -208,7 +208,7 @@ fault_tests! {
         clear_last_error();
         // A portable one does not ask.
         inject(t, "cudaGetDevice", 101);
-        let portable = RegisterFlags { portable: true, ..RegisterFlags::default() };
+        let portable = RegisterFlags::new().portable(true);
         drop(HostRegistration::new(back, portable).unwrap());
         t.emu().reset();
     };
@@ -244,7 +244,7 @@ fault_tests! {
         assert_eq!(host_flags(b.as_ptr().cast()).unwrap(), 0);
     };
     cudaHostGetDevicePointer => |t| {
-        let b = PinnedBuffer::<u8>::with_flags(64, PinnedFlags { mapped: true, ..Default::default() }).unwrap();
+        let b = PinnedBuffer::<u8>::with_flags(64, PinnedFlags::new().mapped(true)).unwrap();
         inject(t, "cudaHostGetDevicePointer", 1);
         expect_fault(host_device_pointer(b.as_ptr().cast()), "cudaHostGetDevicePointer", 1);
         assert!(host_device_pointer(b.as_ptr().cast()).is_ok());
@@ -310,7 +310,7 @@ fault_tests! {
         inject(t, "cudaStreamCreateWithPriority", 2);
         expect_fault(Stream::new(&d), "cudaStreamCreateWithPriority", 2);
         inject(t, "cudaStreamCreateWithPriority", 1);
-        expect_fault(Stream::with_options(&d, StreamOptions { non_blocking: false, priority: -1 }), "cudaStreamCreateWithPriority", 1);
+        expect_fault(Stream::with_options(&d, StreamOptions::new().priority(-1)), "cudaStreamCreateWithPriority", 1);
     };
     cudaStreamDestroy => |t| {
         let s = Stream::new(&dev()).unwrap();
@@ -409,7 +409,7 @@ fault_tests! {
     cudaEventCreateWithFlags => |t| {
         let d = dev();
         inject(t, "cudaEventCreateWithFlags", 2);
-        expect_fault(Event::new(&d, EventOptions { timing: true, blocking_sync: true }), "cudaEventCreateWithFlags", 2);
+        expect_fault(Event::new(&d, EventOptions::new().timing(true).blocking_sync(true)), "cudaEventCreateWithFlags", 2);
         // Ordering one stream after another creates an event the first time.
         let (a, b) = (Stream::new(&d).unwrap(), Stream::new(&d).unwrap());
         let src = PinnedBuffer::from_slice(&pattern(5, 4096)).unwrap();
@@ -472,7 +472,7 @@ fault_tests! {
     cudaEventElapsedTime => |t| {
         let d = dev();
         let s = Stream::new(&d).unwrap();
-        let timed = EventOptions { timing: true, blocking_sync: false };
+        let timed = EventOptions::new().timing(true);
         let (a, b) = (Event::new(&d, timed).unwrap(), Event::new(&d, timed).unwrap());
         s.record(&a).unwrap();
         s.record(&b).unwrap();

@@ -146,7 +146,7 @@ fn gathers_odd_sized_records_from_pinned_and_registered_host_memory() {
     check!(pinned.slice(..).unwrap(), 0);
     check!(pinned.slice(1000..).unwrap(), 1000);
 
-    let mapped = RegisterFlags { mapped: true, ..Default::default() };
+    let mapped = RegisterFlags::new().mapped(true);
     let reg = HostRegistration::new(Pages::new(&data), mapped).unwrap();
     check!(reg.slice(..).unwrap(), 0);
     check!(reg.slice(1000..).unwrap(), 1000);
@@ -399,8 +399,8 @@ fn bad_configs_and_arguments_are_typed_errors_and_enqueue_nothing() {
     for bad in [
         LaunchConfig::linear(0, 256),
         LaunchConfig::linear(1, 0),
-        LaunchConfig { grid: [1, 0, 1], ..LaunchConfig::linear(1, 256) },
-        LaunchConfig { block: [32, 1, 0], ..LaunchConfig::linear(1, 256) },
+        LaunchConfig::linear(1, 256).grid([1, 0, 1]),
+        LaunchConfig::linear(1, 256).block([32, 1, 0]),
     ] {
         let args = gather_args(&mut batch, |a| a.read(&pool), &offsets_dev, REC);
         // SAFETY: wirespeed_gather's parameters; the offsets leave whole records within `pool`.

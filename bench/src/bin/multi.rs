@@ -35,8 +35,7 @@ fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 
 /// GB/s of `reps` copies of a resident portable pinned buffer to each of `devs`, all at once.
 fn line_rate(devs: &[Device], bytes: usize, reps: usize) -> Res<f64> {
-    let src = PinnedBuffer::<u8>::with_flags(bytes, PinnedFlags { portable: true, ..Default::default() })
-        .map_err(err("pinned buffer"))?;
+    let src = PinnedBuffer::<u8>::with_flags(bytes, PinnedFlags::new().portable(true)).map_err(err("pinned buffer"))?;
     let mut dsts: Vec<DeviceBuffer<u8>> =
         devs.iter().map(|d| DeviceBuffer::new(d, bytes)).collect::<Result<_, _>>().map_err(err("device buffer"))?;
     let streams: Vec<Stream> = devs.iter().map(Stream::new).collect::<Result<_, _>>().map_err(err("stream"))?;

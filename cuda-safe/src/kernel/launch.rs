@@ -15,8 +15,19 @@ use wirespeed_cuda_sys::dim3;
 /// use wirespeed_cuda::LaunchConfig;
 /// let c = LaunchConfig::linear(132, 256);
 /// assert_eq!((c.grid, c.block, c.shared_bytes), ([132, 1, 1], [256, 1, 1], 0));
+/// let tiles = LaunchConfig::new([16, 16, 1], [32, 8, 1]).shared_bytes(4096);
+/// assert_eq!((tiles.grid, tiles.block, tiles.shared_bytes), ([16, 16, 1], [32, 8, 1], 4096));
+/// let wider = LaunchConfig::linear(132, 256).grid([132, 2, 1]).block([128, 2, 1]);
+/// assert_eq!((wider.grid, wider.block), ([132, 2, 1], [128, 2, 1]));
 /// ```
+///
+/// The struct may gain fields in a minor release (launch attributes), so
+/// outside this crate it is built from [`LaunchConfig::linear`] or
+/// [`LaunchConfig::new`] and the builder methods, not with a struct literal;
+/// its fields stay public for reading. It has no `Default`: no shape suits
+/// every kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct LaunchConfig {
     /// Blocks in x, y and z; each at least 1.
     pub grid: [u32; 3],
@@ -32,6 +43,31 @@ impl LaunchConfig {
     /// shared memory.
     pub const fn linear(blocks: u32, threads: u32) -> LaunchConfig {
         LaunchConfig { grid: [blocks, 1, 1], block: [threads, 1, 1], shared_bytes: 0 }
+    }
+
+    /// A `grid` of blocks of `block` threads (x, y and z), without dynamic
+    /// shared memory.
+    pub const fn new(grid: [u32; 3], block: [u32; 3]) -> LaunchConfig {
+        LaunchConfig { grid, block, shared_bytes: 0 }
+    }
+
+    /// With [`LaunchConfig::grid`](LaunchConfig#structfield.grid) set to `grid`.
+    pub const fn grid(mut self, grid: [u32; 3]) -> Self {
+        self.grid = grid;
+        self
+    }
+
+    /// With [`LaunchConfig::block`](LaunchConfig#structfield.block) set to `block`.
+    pub const fn block(mut self, block: [u32; 3]) -> Self {
+        self.block = block;
+        self
+    }
+
+    /// With [`LaunchConfig::shared_bytes`](LaunchConfig#structfield.shared_bytes)
+    /// set to `bytes`.
+    pub const fn shared_bytes(mut self, bytes: u32) -> Self {
+        self.shared_bytes = bytes;
+        self
     }
 
     /// Refuses a zero dimension, which CUDA would refuse too.

@@ -12,7 +12,19 @@ use std::ops::RangeBounds;
 /// Flags for [`PinnedBuffer::with_flags`]. The default (all off) is right for
 /// copies: write-combined memory makes CPU reads very slow, so it is never on
 /// unless asked for.
+///
+/// The struct may gain fields in a minor release, so outside this crate it is
+/// built from `Default` (or `new`) and the builder methods, not with a struct
+/// literal; its fields stay public for reading.
+///
+/// ```
+/// use wirespeed_cuda::PinnedFlags;
+/// let f = PinnedFlags::new().portable(true).mapped(true).write_combined(false);
+/// assert!(f.portable && f.mapped && !f.write_combined);
+/// assert_eq!(PinnedFlags::new(), PinnedFlags::default());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PinnedFlags {
     /// Pinned for every device, not only the current one (several GPUs).
     pub portable: bool,
@@ -23,6 +35,29 @@ pub struct PinnedFlags {
 }
 
 impl PinnedFlags {
+    /// Every flag off (the default).
+    pub const fn new() -> PinnedFlags {
+        PinnedFlags { portable: false, mapped: false, write_combined: false }
+    }
+
+    /// With [`PinnedFlags::portable`](PinnedFlags#structfield.portable) set to `on`.
+    pub const fn portable(mut self, on: bool) -> Self {
+        self.portable = on;
+        self
+    }
+
+    /// With [`PinnedFlags::mapped`](PinnedFlags#structfield.mapped) set to `on`.
+    pub const fn mapped(mut self, on: bool) -> Self {
+        self.mapped = on;
+        self
+    }
+
+    /// With [`PinnedFlags::write_combined`](PinnedFlags#structfield.write_combined) set to `on`.
+    pub const fn write_combined(mut self, on: bool) -> Self {
+        self.write_combined = on;
+        self
+    }
+
     fn bits(self) -> u32 {
         let mut b = wirespeed_cuda_sys::cudaHostAllocDefault;
         if self.portable {

@@ -44,8 +44,21 @@ unsafe impl HostMemory for Box<[u8]> {
     }
 }
 
-/// Flags for [`HostRegistration::new`] and [`HostRegistration::new_in`].
+/// Flags for [`HostRegistration::new`] and [`HostRegistration::new_in`]:
+/// every flag off by default.
+///
+/// The struct may gain fields in a minor release, so outside this crate it is
+/// built from `Default` (or `new`) and the builder methods, not with a struct
+/// literal; its fields stay public for reading.
+///
+/// ```
+/// use wirespeed_cuda::RegisterFlags;
+/// let f = RegisterFlags::new().portable(true).mapped(false).read_only(true);
+/// assert!(f.portable && !f.mapped && f.read_only);
+/// assert_eq!(RegisterFlags::new(), RegisterFlags::default());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct RegisterFlags {
     /// Registered for every device (several GPUs).
     pub portable: bool,
@@ -57,6 +70,29 @@ pub struct RegisterFlags {
 }
 
 impl RegisterFlags {
+    /// Every flag off (the default).
+    pub const fn new() -> RegisterFlags {
+        RegisterFlags { portable: false, mapped: false, read_only: false }
+    }
+
+    /// With [`RegisterFlags::portable`](RegisterFlags#structfield.portable) set to `on`.
+    pub const fn portable(mut self, on: bool) -> Self {
+        self.portable = on;
+        self
+    }
+
+    /// With [`RegisterFlags::mapped`](RegisterFlags#structfield.mapped) set to `on`.
+    pub const fn mapped(mut self, on: bool) -> Self {
+        self.mapped = on;
+        self
+    }
+
+    /// With [`RegisterFlags::read_only`](RegisterFlags#structfield.read_only) set to `on`.
+    pub const fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
+        self
+    }
+
     /// The raw `cudaHostRegister*` bits (the same bits as the driver's
     /// `CU_MEMHOSTREGISTER_*`).
     pub fn bits(self) -> u32 {

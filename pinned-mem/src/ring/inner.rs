@@ -58,7 +58,7 @@ fn alloc_slot(
     pad: &mut bool,
 ) -> Result<(PinnedBuffer<u8>, usize)> {
     let page = page_size() as usize;
-    let flags = PinnedFlags { portable: true, ..Default::default() };
+    let flags = PinnedFlags::new().portable(true);
     if !*pad {
         let buf = PinnedBuffer::<u8>::with_flags(bytes, flags)?;
         if buf.as_ptr().align_offset(page) == 0 {
@@ -169,7 +169,7 @@ impl Slot {
             let dev = s.device();
             let idx = match (0..self.events.len()).find(|i| self.events[*i].0 == dev && !self.recorded.contains(i)) {
                 Some(i) => i,
-                None => match Event::new(&dev, EventOptions { timing: false, blocking_sync: true }) {
+                None => match Event::new(&dev, EventOptions::new().blocking_sync(true)) {
                     Ok(e) => {
                         self.events.push((dev, e));
                         self.events.len() - 1

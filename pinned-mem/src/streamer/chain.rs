@@ -540,7 +540,7 @@ impl Sink for ChainSink<'_, '_> {
         if seg.left == 0 {
             // Every copy of this transfer is enqueued, on this one stream, before these.
             seg.state.enqueued(Some(stream))?;
-            let event = Event::new(&stream.device(), EventOptions { timing: false, blocking_sync: true })?;
+            let event = Event::new(&stream.device(), EventOptions::new().blocking_sync(true))?;
             stream.record(&event)?;
             seg.dst = None; // released: its owner now knows every copy
             out.push(Landed { index, event });

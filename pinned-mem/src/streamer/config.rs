@@ -18,11 +18,29 @@ pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// How a [`Streamer`](super::Streamer) works.
 ///
+/// The struct may gain fields in a minor release, so it is built from
+/// [`StreamConfig::new`] (the strategy and the budget: neither has a default
+/// that suits every program) and the `with_*` builder methods, one for every
+/// field; the fields stay public for reading and assigning.
+///
 /// ```
-/// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
-/// let mut cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30));
-/// cfg.verify = true;
-/// cfg.progress = Some(std::sync::Arc::new(|done, total| eprintln!("{done}/{total}")));
+/// use std::time::Duration;
+/// use wirespeed_pinned::{CopyStreams, PinBudget, StreamConfig, Strategy};
+/// let cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(8 << 30))
+///     .with_strategy(Strategy::WholeFile)
+///     .with_budget(PinBudget::new(4 << 30))
+///     .with_mlock(false)
+///     .with_verify(true)
+///     .with_progress(|done, total| eprintln!("{done}/{total}"))
+///     .with_second_context(true)
+///     .with_copy_streams(CopyStreams::One)
+///     .with_reserve_threads(1)
+///     .with_reserve_room(0.25)
+///     .with_read_ahead(Duration::ZERO);
+/// assert!(cfg.verify && cfg.progress.is_some());
+/// assert_eq!((cfg.strategy, cfg.budget.limit(), cfg.reserve_room), (Strategy::WholeFile, 4 << 30, 0.25));
+/// let mut cfg = cfg;
+/// cfg.verify = false; // fields may still be assigned
 /// ```
 #[derive(Clone)]
 #[non_exhaustive]
@@ -32,7 +50,7 @@ pub struct StreamConfig {
     /// What every registration, window, slot and bounce buffer draws from.
     pub budget: PinBudget,
     /// `mlock` registered windows too (see
-    /// [`PinOptions::mlock`](crate::PinOptions::mlock)); with `Auto`, windows
+    /// [`PinOptions::mlock`](crate::PinOptions#structfield.mlock)); with `Auto`, windows
     /// are also kept within the `RLIMIT_MEMLOCK` headroom.
     pub mlock: bool,
     /// Copy the data back and compare it with the file
@@ -155,6 +173,33 @@ impl StreamConfig {
         }
     }
 
+    /// With [`StreamConfig::strategy`] set to `strategy`.
+    ///
+    /// ```
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
+    /// let cfg = StreamConfig::new(Strategy::Auto, PinBudget::unlimited()).with_strategy(Strategy::WholeFile);
+    /// assert_eq!(cfg.strategy, Strategy::WholeFile);
+    /// ```
+    pub fn with_strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        // Named by the caller now, not by `Auto` on the caller's behalf.
+        self.planned_by_auto = false;
+        self
+    }
+
+    /// With [`StreamConfig::budget`] set to `budget` (a handle: clones of one
+    /// budget share its limit).
+    ///
+    /// ```
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
+    /// let cfg = StreamConfig::new(Strategy::Auto, PinBudget::unlimited()).with_budget(PinBudget::new(1 << 30));
+    /// assert_eq!(cfg.budget.limit(), 1 << 30);
+    /// ```
+    pub fn with_budget(mut self, budget: PinBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
     /// With [`StreamConfig::mlock`] set to `on`.
     ///
     /// ```
@@ -223,6 +268,19 @@ impl StreamConfig {
     /// ```
     pub fn with_reserve_threads(mut self, threads: usize) -> Self {
         self.reserve_threads = threads;
+        self
+    }
+
+    /// With [`StreamConfig::reserve_room`] set to `share` (not a number is
+    /// refused by [`Streamer::new`](super::Streamer::new)).
+    ///
+    /// ```
+    /// use wirespeed_pinned::{PinBudget, StreamConfig, Strategy};
+    /// let cfg = StreamConfig::new(Strategy::Auto, PinBudget::new(512 << 20)).with_reserve_room(1.0);
+    /// assert_eq!(cfg.reserve_room, 1.0); // a reserve thread joins as the pass starts
+    /// ```
+    pub fn with_reserve_room(mut self, share: f64) -> Self {
+        self.reserve_room = share;
         self
     }
 

@@ -32,7 +32,7 @@ impl AgentStreams {
     /// given to the streamer's `streams` so far (a caller's `after` event,
     /// earlier transfers), on the device, with no host wait.
     pub(super) fn fork(&mut self, devices: &[Device], streams: &[Stream], threads: usize) -> Result<()> {
-        let event = |d: &Device| Event::new(d, EventOptions { timing: false, blocking_sync: false });
+        let event = |d: &Device| Event::new(d, EventOptions::new());
         if self.forked.is_empty() {
             self.forked = devices.iter().map(event).collect::<wirespeed_cuda::Result<_>>()?;
         }

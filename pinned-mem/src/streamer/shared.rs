@@ -116,7 +116,7 @@ impl Shared {
         let mut done_events = Vec::with_capacity(devices.len());
         for d in devices {
             streams.push(Stream::new(d)?);
-            done_events.push(Event::new(d, EventOptions { timing: false, blocking_sync: true })?);
+            done_events.push(Event::new(d, EventOptions::new().blocking_sync(true))?);
         }
         Ok(Shared {
             devices: devices.to_vec(),

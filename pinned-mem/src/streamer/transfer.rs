@@ -29,7 +29,9 @@ use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::mapping::MappedFile;
 
-/// Options for [`Streamer::start_with`](super::Streamer::start_with).
+/// Options for [`Streamer::start_with`](super::Streamer::start_with): none by
+/// default ([`StartOptions::new`], `Default`), each set by its builder method.
+/// The struct may gain options in a minor release; it is only ever built so.
 ///
 /// ```
 /// # fn main() -> wirespeed_cuda::Result<()> {
@@ -39,6 +41,7 @@ use crate::mapping::MappedFile;
 /// # let _ = options; Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct StartOptions<'s> {
     after: Option<&'s Stream>,
 }

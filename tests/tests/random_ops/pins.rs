@@ -35,7 +35,7 @@ impl World<'_> {
     pub(super) fn new_pin(&mut self) {
         let Some((file, data)) = self.file() else { return self.map_file() };
         let range = self.rng.range(file.len());
-        let opts = PinOptions { mlock: self.rng.chance(15), portable: self.rng.chance(20), mapped: false };
+        let opts = PinOptions::new().mlock(self.rng.chance(15)).portable(self.rng.chance(20));
         let (b, budget) = self.budget();
         let how = self.rng.below(3);
         let op = format!("pin {range:?} of {} ({opts:?}, budget {b}, way {how})", file.path().display());

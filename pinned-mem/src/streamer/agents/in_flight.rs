@@ -134,7 +134,7 @@ impl Queue {
             }
             let slot = &mut self.events[set][i];
             if slot.is_none() {
-                match Event::new(&stream.device(), EventOptions { timing: false, blocking_sync: true }) {
+                match Event::new(&stream.device(), EventOptions::new().blocking_sync(true)) {
                     Ok(e) => *slot = Some(e),
                     Err(e) => {
                         rec_err.get_or_insert(e);

@@ -30,7 +30,7 @@ pub fn line_rate(b: &mut Bench) -> Result<Row> {
         data::fill_pattern(host.as_mut_slice()?, 0x11, 0);
         let expected = checksum::of_host(host.as_slice()?, b.threads);
         let mut on_dev = DeviceBuffer::<u8>::new(&dev, n)?;
-        let timing = EventOptions { timing: true, blocking_sync: true }; // waiting sleeps, as the library's does
+        let timing = EventOptions::new().timing(true).blocking_sync(true); // waiting sleeps, as the library's does
         let (start, end) = (Event::new(&dev, timing)?, Event::new(&dev, timing)?);
         b.stream.copy_to_device(&host, &mut on_dev)?.wait()?; // warm-up
         let mut engine = Vec::new();
