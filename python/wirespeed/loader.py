@@ -410,11 +410,16 @@ class Loader:
 
     def _drain(self) -> None:
         """Collects every gather submitted (their errors dropped: the batches
-        are not handed out), so that their tensors may go."""
+        are not handed out), so that their memory may go: torch's tensors at
+        once (the allocator orders their next use on the loader's stream after
+        the gather), the package's own arrays once their gathers ran (freeing
+        device memory that queued work still writes is an error)."""
         native = self._native
         while self._ahead:
+            _, mark = self._ahead[0]
             try:
-                native.collect()
+                if native.collect() is not None and self._torch is None:
+                    native.wait(mark)
             except Error:
                 pass
             self._ahead.popleft()
