@@ -95,10 +95,19 @@ struct Stage {
 
 /// Shuffled batches of records, shaped like PyTorch's `DataLoader` with a
 /// `DistributedSampler`: every epoch (see [`Loader::set_epoch`]) hands each
-/// record out once over all ranks, in an order fixed by the seed and the
-/// epoch, cut into batches of this rank's share; [`Loader::state`] and
-/// [`Loader::load_state`] resume mid-epoch with exactly the batches an
-/// uninterrupted run would have handed out.
+/// record out once over all ranks (apart from the padding that makes the
+/// ranks' shares equal, the first records repeated, or with `drop_last` the
+/// few records cut and a short last batch), in an order fixed by the
+/// configuration and the epoch, cut into batches of this rank's contiguous
+/// share ([`Sharding`]; `DistributedSampler` strides the order instead);
+/// [`Loader::checkpoint`] and [`Loader::resume`] go on mid-epoch with
+/// exactly the batches an uninterrupted run would have handed out.
+///
+/// Every rank must resolve the same order: with more than one rank, give
+/// every rank the same [`LoaderConfig::device_budget`], or name the way (see
+/// [`LoaderConfig`]). [`Loader::next_into`] never waits for work the caller
+/// queued on its own streams, unless the caller orders the loader after it
+/// ([`Loader::after`]).
 ///
 /// Several arrays of the same number of records (features and labels, say)
 /// are gathered with the same records into one destination each.
