@@ -105,9 +105,10 @@ struct Stage {
 ///
 /// Every rank must resolve the same order: with more than one rank, give
 /// every rank the same [`LoaderConfig::device_budget`], or name the way (see
-/// [`LoaderConfig`]). [`Loader::next_into`] never waits for work the caller
-/// queued on its own streams, unless the caller orders the loader after it
-/// ([`Loader::after`]).
+/// [`LoaderConfig`]). [`Loader::next_into`] never waits on the host for work
+/// the caller queued on its own streams (its earlier work on the
+/// destination is ordered on the device, by the destination's fence), unless
+/// the caller orders the loader after it ([`Loader::after`]).
 ///
 /// Several arrays of the same number of records (features and labels, say)
 /// are gathered with the same records into one destination each.
