@@ -233,6 +233,14 @@ def test_a_checkpoint_resumes_exactly_or_says_what_differs(tmp_path):
         with pytest.raises(wirespeed.Error, match="order") as e:
             ld.load_state_dict(state)
         assert "full shuffle" in str(e.value)
+    # A refused state leaves the loader where it was, batches gathered ahead
+    # or not: the pass goes on with exactly the batches it had left.
+    with wirespeed.Loader((feats, labels), shuffle="full", **kw) as ld:
+        it = iter(ld)
+        head = [labels_of(next(it)) for _ in range(5)]
+        with pytest.raises(wirespeed.Error, match="seed"):
+            ld.load_state_dict(dict(state, seed=10))
+        assert head + [labels_of(b) for b in ld] == whole
     # Naming the way resumes it exactly whatever the memory.
     with wirespeed.Loader((feats, labels), shuffle="full", **kw) as ld:
         ld.load_state_dict(state)

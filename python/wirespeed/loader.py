@@ -360,10 +360,16 @@ class Loader:
             return kind(state[key]) if state.get(key) is not None else None
 
         self._drain()
-        native.resume(int(state["epoch"]), int(state["batch"]), records=opt("records", int),
-                      batch_size=opt("batch_size", int), shuffle=opt("shuffle", bool), seed=opt("seed", int),
-                      drop_last=opt("drop_last", bool), world=opt("world_size", int), pool=pool,
-                      pool_known=pool_known)
+        try:
+            native.resume(int(state["epoch"]), int(state["batch"]), records=opt("records", int),
+                          batch_size=opt("batch_size", int), shuffle=opt("shuffle", bool), seed=opt("seed", int),
+                          drop_last=opt("drop_last", bool), world=opt("world_size", int), pool=pool,
+                          pool_known=pool_known)
+        except Error:
+            # Refused: the batches gathered ahead were dropped, so go back to
+            # the next batch to hand out, and on from there as if never asked.
+            native.load_state(*self._pos)
+            raise
         self._pos = (int(state["epoch"]), int(state["batch"]))
 
     def batch_indices(self, batch: int) -> list:
