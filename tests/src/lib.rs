@@ -467,3 +467,16 @@ impl Drop for Pages {
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
+
+/// Holds `stream` with a host function until the returned sender is used or
+/// dropped: work queued on it provably does not run before then (on the
+/// emulated runtime and on a GPU alike).
+pub fn hold(stream: &wirespeed_cuda::Stream) -> std::sync::mpsc::Sender<()> {
+    let (open, held) = std::sync::mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = held.recv();
+        })
+        .expect("a host function on the stream");
+    open
+}

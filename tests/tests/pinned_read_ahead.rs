@@ -14,12 +14,11 @@
 //! read-ahead's time to run out instead.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Sender, channel};
 use std::time::Duration;
 
 use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 use wirespeed_pinned::{Error, MAX_READ_AHEAD, MappedFile, PinBudget, StartOptions, Strategy, StreamConfig, Streamer};
-use wirespeed_tests::{TempDir, Watchdog, open_mapped, start, start_emulated, write_pattern_file};
+use wirespeed_tests::{TempDir, Watchdog, hold, open_mapped, start, start_emulated, write_pattern_file};
 
 /// Bytes per piece: more than the read-ahead (half the ring: 4 x 128 KiB),
 /// and not a multiple of a slot or a page.
@@ -48,18 +47,6 @@ fn streamer(dev: Device) -> Streamer {
 
 fn buffers(dev: Device, n: usize) -> Vec<DeviceBuffer<u8>> {
     (0..n).map(|_| DeviceBuffer::new(&dev, PIECE).unwrap()).collect()
-}
-
-/// Holds `stream` with a host function until the answered sender is used
-/// (or dropped).
-fn hold(stream: &Stream) -> Sender<()> {
-    let (open, held) = channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = held.recv();
-        })
-        .unwrap();
-    open
 }
 
 fn assert_piece(buf: &DeviceBuffer<u8>, data: &[u8], i: usize) {

@@ -8,11 +8,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Sender, channel};
+use std::sync::mpsc::channel;
 
 use wirespeed_cuda::{Device, DeviceBuffer, Stream};
 use wirespeed_pinned::{Error, Loader, LoaderConfig, MappedFile, PinBudget, Records, Way};
-use wirespeed_tests::{TempDir, open_mapped, start, write_pattern_file};
+use wirespeed_tests::{TempDir, hold, open_mapped, start, write_pattern_file};
 
 const REC: u64 = 2883;
 
@@ -169,17 +169,6 @@ fn pool_slots_larger_than_the_budget_holds_are_refused() {
     assert!(e.contains("pool_slots 40") && e.contains("device budget of 200000"), "{e}");
     let c = config(Way::Pool, 8).pool_slots(0);
     assert!(Loader::new(&dev, &arrays(&f), c).is_err());
-}
-
-/// Holds `stream` with a host function until the sender is used or dropped.
-fn hold(stream: &Stream) -> Sender<()> {
-    let (open, held) = channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = held.recv();
-        })
-        .unwrap();
-    open
 }
 
 #[test]

@@ -74,9 +74,8 @@ pub(crate) fn kernels() -> Result<Kernels> {
 /// Launches each of the four kernels once on `stream`, gathering nothing,
 /// and waits for them. The driver loads a kernel's code at its first launch
 /// (lazy loading, CUDA's default since 12.2), and that launch waits for the
-/// device's other work: at the first batch of a loader that was the
-/// caller's queued work (on the H200, the first gather of each kind waited
-/// for the caller's stream). Made here, when the loader is.
+/// device's other work: at the first batch of a loader, the caller's queued
+/// work. Made here, when the loader is.
 pub(crate) fn warm_up(kernels: &Kernels, stream: &Stream, device: &Device) -> Result<()> {
     let mut dst = DeviceBuffer::<u8>::new(device, 16)?;
     let src = DeviceBuffer::<u8>::new(device, 16)?;
